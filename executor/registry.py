@@ -1,0 +1,130 @@
+"""Tool modules -> a registry of named tools with their specs.
+
+A tool is a plain function marked with ``@executor.tool(...)``, or a public function listed in its
+module's ``__all__``. ``--tools`` names a dotted module or a path to a ``.py`` file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar, overload
+
+from protocol import ToolSpec
+
+F = TypeVar("F", bound=Callable[..., Any])
+_MARK = "__ciayn_tool__"
+
+
+class RegistryError(Exception):
+    """A tool module that cannot be loaded, or tools that clash; the message is for the operator."""
+
+
+@overload
+def tool(fn: F) -> F: ...
+@overload
+def tool(
+    *,
+    bundleable: bool = False,
+    no_repeat: bool = False,
+    idempotent: bool = False,
+    timeout: float | None = None,
+    name: str | None = None,
+) -> Callable[[F], F]: ...
+def tool(
+    fn: Any = None,
+    *,
+    bundleable: bool = False,
+    no_repeat: bool = False,
+    idempotent: bool = False,
+    timeout: float | None = None,
+    name: str | None = None,
+) -> Any:
+    """Mark a function as a tool. ``timeout`` is the tool's default wall-clock limit in seconds."""
+
+    def mark(f: F) -> F:
+        setattr(
+            f,
+            _MARK,
+            {
+                "bundleable": bundleable,
+                "no_repeat": no_repeat,
+                "idempotent": idempotent,
+                "timeout": timeout,
+                "name": name,
+            },
+        )
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+@dataclass(frozen=True)
+class Tool:
+    spec: ToolSpec
+    fn: Callable[..., Any]
+    module: str
+
+
+def load_module(target: str) -> Any:
+    """Import a tool module by dotted name or by file path."""
+    try:
+        if target.endswith(".py") or "/" in target:
+            path = Path(target).resolve()
+            if not path.is_file():
+                raise RegistryError(f"tool module file {target!r} does not exist")
+            mod_name = f"ciayn_tools_{path.stem}"
+            spec = importlib.util.spec_from_file_location(mod_name, path)
+            if spec is None or spec.loader is None:
+                raise RegistryError(f"cannot load {target!r} as a Python module")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[mod_name] = module
+            spec.loader.exec_module(module)
+            return module
+        return importlib.import_module(target)
+    except RegistryError:
+        raise
+    except BaseException as e:  # a tool module may do anything at import, even sys.exit
+        raise RegistryError(f"tool module {target!r} failed to import: {type(e).__name__}: {e}") from None
+
+
+def tools_of(module: Any) -> list[Tool]:
+    """The tools a module offers: marked functions, plus undecorated public functions in ``__all__``."""
+    found: dict[int, Tool] = {}
+    exported = set(getattr(module, "__all__", ()))
+    for attr, obj in vars(module).items():
+        if not callable(obj) or not inspect.isfunction(obj):
+            continue
+        flags = getattr(obj, _MARK, None)
+        if flags is None and attr not in exported:
+            continue
+        flags = dict(flags or {})
+        tool_name = flags.pop("name", None) or obj.__name__
+        if id(obj) in found:
+            continue
+        found[id(obj)] = Tool(
+            spec=ToolSpec.from_function(obj, name=tool_name, **flags), fn=obj, module=module.__name__
+        )
+    return list(found.values())
+
+
+def load_tools(targets: Iterable[str]) -> dict[str, Tool]:
+    """Load every module and return the tools by name; a name offered twice is an error."""
+    registry: dict[str, Tool] = {}
+    for target in targets:
+        for t in tools_of(load_module(target)):
+            other = registry.get(t.spec.name)
+            if other is not None:
+                raise RegistryError(
+                    f"two tools are named {t.spec.name!r}: one in {other.module}, one in {t.module}; "
+                    "rename one (@tool(name=...)) or load only one of the modules"
+                )
+            registry[t.spec.name] = t
+    if not registry:
+        raise RegistryError("no tools found: mark functions with @executor.tool or list them in __all__")
+    return registry

@@ -1,0 +1,69 @@
+"""The wire contract of ciayn-sandbox, shared by controller and executor.
+
+It defines the call grammar (model text -> ``Call``), tool specs and argument binding, the message
+bodies and their codec. It imports nothing from ``controller`` or ``executor``. See ``SPEC.md``.
+"""
+
+from protocol.codec import MAX_FRAME_BYTES, VERSION, ProtocolError, decode, encode
+from protocol.fingerprint import fingerprint
+from protocol.grammar import CallRejected, parse_call, parse_calls, strip_markup
+from protocol.messages import (
+    ERROR_KINDS,
+    Body,
+    Bye,
+    Call,
+    Cancel,
+    ErrorInfo,
+    ErrorKind,
+    Heartbeat,
+    Hello,
+    Limits,
+    Message,
+    Ping,
+    Pong,
+    Ready,
+    Result,
+    Signal,
+    Stats,
+    Welcome,
+    WorkerInfo,
+)
+from protocol.spec import BindError, Param, ToolSpec
+from protocol.values import ValueRefused, check_value
+
+__all__ = [
+    "ERROR_KINDS",
+    "MAX_FRAME_BYTES",
+    "VERSION",
+    "BindError",
+    "Body",
+    "Bye",
+    "Call",
+    "CallRejected",
+    "Cancel",
+    "ErrorInfo",
+    "ErrorKind",
+    "Heartbeat",
+    "Hello",
+    "Limits",
+    "Message",
+    "Param",
+    "Ping",
+    "Pong",
+    "ProtocolError",
+    "Ready",
+    "Result",
+    "Signal",
+    "Stats",
+    "ToolSpec",
+    "ValueRefused",
+    "Welcome",
+    "WorkerInfo",
+    "check_value",
+    "decode",
+    "encode",
+    "fingerprint",
+    "parse_call",
+    "parse_calls",
+    "strip_markup",
+]
