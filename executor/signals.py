@@ -20,7 +20,7 @@ def complete(summary: str = "") -> None:
     _pending.append(Signal(kind="complete", message=str(summary)))
 
 
-def exit(reason: str = "") -> None:  # noqa: A001 - the public name is part of the tool API
+def exit(reason: str = "") -> None:
     """Ask the controller to stop the run (not a success)."""
     _pending.append(Signal(kind="exit", message=str(reason)))
 

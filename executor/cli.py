@@ -1,0 +1,103 @@
+"""``ciayn-executor``: serve tools to controllers."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Callable
+
+from protocol import Limits
+
+DESCRIPTION = """\
+Run tool calls for ciayn-sandbox controllers, each in a supervised worker process under resource
+limits. A tool that hangs, crashes, forks or eats memory costs one worker, which is killed and
+replaced; the caller gets a clear error.
+"""
+
+SERVE_EPILOG = """\
+examples:
+  ciayn-executor serve --tools executor.toolkits.builtin --bind ipc:///tmp/ciayn/exec.sock
+  ciayn-executor serve --tools ./my_tools.py --bind tcp://127.0.0.1:5555 --workers 4 --timeout 10
+
+Tools are plain functions marked with @executor.tool(...) or listed in the module's __all__.
+"""
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        return value
+
+    parse.__name__ = getattr(kind, "__name__", "number")
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ciayn-executor", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = sub.add_parser("serve", help="serve tool modules on an endpoint", description=DESCRIPTION,
+                           epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    serve.add_argument("--tools", action="append", required=True, metavar="MODULE",
+                       help="dotted module name or path to a .py file holding tools (repeatable)")
+    serve.add_argument("--bind", required=True, metavar="ENDPOINT",
+                       help="ZeroMQ endpoint to listen on, e.g. ipc:///run/ciayn.sock or tcp://127.0.0.1:5555")
+    d = Limits()
+    serve.add_argument("--workers", type=_positive(int), default=1, help="worker processes (default: 1)")
+    serve.add_argument("--timeout", type=_positive(float), default=d.timeout_s,
+                       help=f"default wall-clock limit per call, seconds (default: {d.timeout_s:g})")
+    serve.add_argument("--cpu-s", type=_positive(float), default=None,
+                       help="CPU seconds per call (default: the timeout plus 1)")
+    serve.add_argument("--memory-mb", type=_positive(int), default=d.memory_mb,
+                       help=f"memory per worker, MB (default: {d.memory_mb})")
+    serve.add_argument("--max-output-kb", type=_positive(int), default=d.max_output_kb,
+                       help=f"cap on stdout and on stderr per call, KB (default: {d.max_output_kb})")
+    serve.add_argument("--max-result-kb", type=_positive(int), default=d.max_result_kb,
+                       help=f"cap on the encoded return value, KB (default: {d.max_result_kb})")
+    serve.add_argument("--max-queue", type=_positive(int), default=256,
+                       help="calls waiting for a worker before new ones are refused (default: 256)")
+    serve.add_argument("--profile", choices=["default"], default="default",
+                       help="isolation profile (default: rlimits, subreaper, whole-tree kill)")
+    serve.add_argument("--workspace", metavar="DIR", default=None,
+                       help="root directory the file tools are confined to; the workers' cwd (default: cwd)")
+    serve.add_argument("--parent-pid", type=int, default=None, metavar="PID",
+                       help="exit when this process exits (used by controllers that start the executor)")
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                       help="stderr log verbosity (default: info)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                        format=f"ciayn-executor[{os.getpid()}] %(levelname)s %(message)s")
+    if args.command == "serve":
+        return _serve(args)
+    return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from executor.supervisor import StartupError, Supervisor
+
+    if args.workspace and not os.path.isdir(args.workspace):
+        print(f"ciayn-executor: workspace {args.workspace!r} is not a directory", file=sys.stderr)
+        return 2
+    limits = Limits(timeout_s=args.timeout, cpu_s=args.cpu_s, memory_mb=args.memory_mb,
+                    max_output_kb=args.max_output_kb, max_result_kb=args.max_result_kb)
+    supervisor = Supervisor(
+        args.tools, args.bind, limits=limits, workers=args.workers, max_queue=args.max_queue,
+        workspace=args.workspace, parent_pid=args.parent_pid, profile=args.profile,
+    )
+    try:
+        return supervisor.serve()
+    except StartupError as e:
+        print(f"ciayn-executor: cannot start: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

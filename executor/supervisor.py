@@ -1,0 +1,595 @@
+"""The supervisor: owns the ROUTER socket, never runs tool code.
+
+It answers ``hello`` and ``ping`` at any time, queues calls for N workers, enforces each call's
+wall-clock deadline by killing the worker, caps output, turns every way a worker can die into a
+result of a known kind, replaces dead workers from the template, and answers a repeated call id from
+its cache instead of running it again. One event loop, one thread; timing constants are below.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from executor import framing
+from executor.limits import effective_limits
+from executor.worker import template_main
+from protocol import (
+    MAX_FRAME_BYTES,
+    BindError,
+    Call,
+    Cancel,
+    ErrorInfo,
+    Hello,
+    Limits,
+    Ping,
+    Pong,
+    ProtocolError,
+    Result,
+    Signal,
+    Stats,
+    ToolSpec,
+    Welcome,
+    WorkerInfo,
+    decode,
+    encode,
+)
+
+log = logging.getLogger("ciayn-executor")
+
+TEMPLATE_START_TIMEOUT = 60.0  # importing tool modules may be slow
+EXIT_STATUS_WAIT = 2.0  # after a worker's channel closes, how long to wait for its exit status
+RESULT_CACHE_SIZE = 4096  # recent results kept to answer resent call ids
+POLL_MAX_MS = 1000
+SHUTDOWN_LINGER_MS = 500
+
+
+class StartupError(Exception):
+    """The executor cannot start (tool modules fail to import, endpoint in use, ...)."""
+
+
+@dataclass
+class Job:
+    call: Call
+    call_id: str
+    waiters: list[bytes]
+    limits: Limits
+    started: float = 0.0
+    deadline: float = 0.0
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    outcome: Result | None = None  # decided by the supervisor (timeout, cancel, output cap)
+
+
+@dataclass
+class Slot:
+    id: int
+    incarnation: int = 0
+    pid: int = 0
+    chan: socket.socket | None = None
+    reader: framing.Reader | None = None
+    out_fd: int = -1
+    err_fd: int = -1
+    job: Job | None = None
+    spawning: bool = False
+    closed_at: float = 0.0  # when the channel closed and we await the exit status
+    killed: bool = False
+
+    @property
+    def idle(self) -> bool:
+        return self.chan is not None and self.job is None and not self.killed and not self.closed_at
+
+
+class Supervisor:
+    def __init__(
+        self,
+        tools: list[str],
+        endpoint: str,
+        *,
+        limits: Limits,
+        workers: int = 1,
+        max_queue: int = 256,
+        workspace: str | None = None,
+        parent_pid: int | None = None,
+        profile: str = "default",
+    ) -> None:
+        self.targets = tools
+        self.endpoint = endpoint
+        self.limits = limits
+        self.n_workers = max(1, workers)
+        self.max_queue = max_queue
+        self.workspace = workspace
+        self.parent_pid = parent_pid
+        self.profile = profile
+        self.executor_id = uuid.uuid4().hex[:12]
+        self.incarnation = int(time.time())
+        self.specs: dict[str, ToolSpec] = {}
+        self.slots = [Slot(id=i) for i in range(self.n_workers)]
+        self.queue: collections.deque[Job] = collections.deque()
+        self.jobs: dict[str, Job] = {}
+        self.cache: collections.OrderedDict[str, Result] = collections.OrderedDict()
+        self.fd_owner: dict[int, tuple[Slot, str]] = {}
+        self.stopping = False
+        self.template_pid = 0
+        self.template: socket.socket | None = None
+
+    # ---------------------------------------------------------------- start-up and shutdown
+
+    def start_template(self) -> None:
+        """Fork the template before any ZeroMQ context exists, and learn the tool specs from it."""
+        if self.workspace:
+            os.environ["CIAYN_WORKSPACE"] = os.path.abspath(self.workspace)
+            os.chdir(self.workspace)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            template_main(theirs, self.targets, self.limits)
+        theirs.close()
+        self.template_pid, self.template = pid, ours
+        ours.settimeout(TEMPLATE_START_TIMEOUT)
+        try:
+            first = framing.recv(ours)
+        except (EOFError, OSError) as e:
+            raise StartupError(f"the tool template process died while importing the tools ({e})") from None
+        ours.settimeout(None)
+        if first.get("op") == "error":
+            raise StartupError(first["message"])
+        self.specs = {s["name"]: ToolSpec.model_validate(s) for s in first["specs"]}
+
+    def serve(self) -> int:
+        self.start_template()
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, SHUTDOWN_LINGER_MS)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        try:
+            sock.bind(self.endpoint)
+        except zmq.ZMQError as e:
+            self._stop_template()
+            raise StartupError(f"cannot bind {self.endpoint}: {e}") from None
+        self.sock = sock
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        os.set_blocking(wake_r, False)
+        signal.set_wakeup_fd(wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        self.poller = zmq.Poller()
+        self.poller.register(sock, zmq.POLLIN)
+        self.poller.register(self.template.fileno() if self.template else -1, zmq.POLLIN)
+        self.poller.register(wake_r, zmq.POLLIN)
+        parent_fd = self._watch_parent()
+        for slot in self.slots:
+            self._spawn(slot)
+        log.info(
+            "serving %d tools on %s (workers: %d, profile: %s, timeout %.0fs, memory %d MB)",
+            len(self.specs), self.endpoint, self.n_workers, self.profile, self.limits.timeout_s,
+            self.limits.memory_mb,
+        )
+        try:
+            self._loop(wake_r, parent_fd)
+        finally:
+            self._shutdown(ctx)
+        return 0
+
+    def _watch_parent(self) -> int | None:
+        if not self.parent_pid:
+            return None
+        try:
+            fd = os.pidfd_open(self.parent_pid)
+        except ProcessLookupError:
+            raise StartupError(f"parent process {self.parent_pid} is not running") from None
+        self.poller.register(fd, zmq.POLLIN)
+        return fd
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.stopping = True
+
+    def _shutdown(self, ctx: zmq.Context[Any]) -> None:
+        log.info("shutting down")
+        for job in list(self.jobs.values()):
+            self._finish(job, Result.failure(job.call_id, "cancelled", "the executor is shutting down"))
+        for slot in self.slots:
+            if slot.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(slot.pid, signal.SIGKILL)
+            self._close_slot(slot)
+        self._stop_template()
+        self.sock.close(linger=SHUTDOWN_LINGER_MS)
+        ctx.term()
+        if self.endpoint.startswith("ipc://"):
+            with contextlib.suppress(OSError):
+                os.unlink(self.endpoint[len("ipc://") :])
+
+    def _stop_template(self) -> None:
+        if self.template is not None:
+            self.template.close()  # the template kills what is left and exits on EOF
+            self.template = None
+        if self.template_pid:
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                pid, _ = os.waitpid(self.template_pid, os.WNOHANG)
+                if pid:
+                    break
+                time.sleep(0.01)
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.template_pid, signal.SIGKILL)
+                os.waitpid(self.template_pid, 0)
+            self.template_pid = 0
+
+    # ---------------------------------------------------------------- the loop
+
+    def _loop(self, wake_r: int, parent_fd: int | None) -> None:
+        template_fd = self.template.fileno() if self.template else -1
+        while not self.stopping:
+            events = dict(self.poller.poll(self._poll_timeout_ms()))
+            now = time.monotonic()
+            if wake_r in events:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 4096)
+            if parent_fd is not None and parent_fd in events:
+                log.info("parent process %d exited; stopping", self.parent_pid)
+                return
+            if template_fd in events:
+                self._on_template()
+            for fd in list(events):
+                owner = self.fd_owner.get(fd) if isinstance(fd, int) else None
+                if owner is not None:
+                    slot, what = owner
+                    if what == "chan":
+                        self._on_worker(slot)
+                    else:
+                        self._on_output(slot, fd, what)
+            if self.sock in events:
+                self._on_socket()
+            self._check_deadlines(now)
+
+    def _poll_timeout_ms(self) -> int:
+        now = time.monotonic()
+        wait = POLL_MAX_MS / 1000
+        for slot in self.slots:
+            if slot.job is not None and not slot.killed:
+                wait = min(wait, slot.job.deadline - now)
+            if slot.closed_at:
+                wait = min(wait, slot.closed_at + EXIT_STATUS_WAIT - now)
+        return max(0, int(wait * 1000) + 1)
+
+    # ---------------------------------------------------------------- client messages
+
+    def _on_socket(self) -> None:
+        for _ in range(1000):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            if len(frames) < 2:
+                continue
+            ident, body = frames[0], frames[1:]
+            try:
+                msg = decode(body)
+            except ProtocolError as e:
+                log.warning("protocol error from client %s: %s", ident.hex()[:8], e)
+                self._send(ident, e.result())
+                continue
+            if isinstance(msg, Call):
+                self._on_call(ident, msg)
+            elif isinstance(msg, Ping):
+                busy = sum(1 for s in self.slots if s.job is not None)
+                self._send(ident, Pong(nonce=msg.nonce, executor=self.executor_id, incarnation=self.incarnation,
+                                       busy=busy, queued=len(self.queue)))
+            elif isinstance(msg, Hello):
+                self._send(ident, Welcome(executor=self.executor_id, incarnation=self.incarnation,
+                                          tools=list(self.specs.values()), limits=self.limits,
+                                          workers=self.n_workers, profile=self.profile))
+            elif isinstance(msg, Cancel):
+                self._on_cancel(msg.id)
+            else:
+                self._send(ident, Result.failure("", "protocol", f"an executor does not accept {msg.KIND} messages"))
+
+    def _send(self, ident: bytes, msg: Any) -> None:
+        try:
+            frames = encode(msg)
+        except ProtocolError as e:  # e.g. an oversized result: say so instead
+            frames = encode(Result.failure(getattr(msg, "id", "") or "", "output_limit", str(e)))
+        with contextlib.suppress(zmq.ZMQError):
+            self.sock.send_multipart([ident, *frames], zmq.NOBLOCK)
+
+    def _on_call(self, ident: bytes, call: Call) -> None:
+        if not call.id:
+            self._send(ident, Result.failure("", "protocol", "a call must carry an id"))
+            return
+        cid = call.id
+        cached = self.cache.get(cid)
+        if cached is not None:
+            log.info("call %s %s: duplicate id, answered from cache", cid, call.tool)
+            self._send(ident, cached)
+            return
+        running = self.jobs.get(cid)
+        if running is not None:
+            if ident not in running.waiters:
+                running.waiters.append(ident)
+            log.info("call %s %s: duplicate id joined the running call", cid, call.tool)
+            return
+        spec = self.specs.get(call.tool)
+        if spec is None:
+            names = ", ".join(sorted(self.specs))
+            self._reply_now(ident, Result.failure(cid, "unknown_tool",
+                                                  f"no tool named {call.tool!r}; available: {names}"))
+            return
+        try:
+            spec.bind(call.args, call.kwargs)
+        except BindError as e:
+            self._reply_now(ident, Result.failure(cid, "bad_arguments", f"{e}; signature: {spec.name}{spec.signature}"))
+            return
+        if len(self.queue) >= self.max_queue:
+            full = f"the executor's queue is full ({self.max_queue} calls)"
+            self._send(ident, Result.failure(cid, "unavailable", full))
+            return
+        job = Job(call=call, call_id=cid, waiters=[ident], limits=effective_limits(self.limits, spec, call))
+        self.jobs[cid] = job
+        self.queue.append(job)
+        self._dispatch()
+
+    def _reply_now(self, ident: bytes, result: Result) -> None:
+        result.executor = self.executor_id
+        self._remember(result)
+        self._send(ident, result)
+
+    def _on_cancel(self, cid: str) -> None:
+        job = self.jobs.get(cid)
+        if job is None:
+            return
+        outcome = Result.failure(cid, "cancelled", "the call was cancelled")
+        if job in self.queue:
+            self.queue.remove(job)
+            self._finish(job, outcome)
+            return
+        slot = next((s for s in self.slots if s.job is job), None)
+        if slot is not None:
+            job.outcome = outcome
+            self._kill(slot, "cancelled")
+
+    # ---------------------------------------------------------------- workers
+
+    def _spawn(self, slot: Slot) -> None:
+        if self.template is None or slot.spawning or self.stopping:
+            return
+        slot.spawning = True
+        framing.send(self.template, {"op": "spawn", "slot": slot.id})
+
+    def _on_template(self) -> None:
+        assert self.template is not None
+        try:
+            msg, fds = framing.recv_with_fds(self.template)
+        except (EOFError, OSError):
+            log.error("the template process died; no new workers can be made")
+            self.poller.unregister(self.template.fileno())
+            self.template.close()
+            self.template = None
+            self.stopping = True
+            return
+        if msg["op"] == "spawned":
+            slot = self.slots[msg["slot"]]
+            chan = socket.socket(fileno=fds[0])
+            chan.setblocking(False)
+            slot.chan, slot.reader = chan, framing.Reader(chan)
+            slot.out_fd, slot.err_fd = fds[1], fds[2]
+            os.set_blocking(slot.out_fd, False)
+            os.set_blocking(slot.err_fd, False)
+            slot.pid, slot.spawning, slot.killed, slot.closed_at = msg["pid"], False, False, 0.0
+            slot.incarnation += 1
+            for fd, what in ((chan.fileno(), "chan"), (slot.out_fd, "stdout"), (slot.err_fd, "stderr")):
+                self.fd_owner[fd] = (slot, what)
+                self.poller.register(fd, zmq.POLLIN)
+            log.debug("worker %d/%d ready (pid %d)", slot.id, slot.incarnation, slot.pid)
+            self._dispatch()
+        elif msg["op"] == "exited":
+            slot = next((s for s in self.slots if s.pid == msg["pid"]), None)
+            if slot is not None:
+                self._worker_gone(slot, msg.get("signal") or 0, msg.get("code"))
+
+    def _dispatch(self) -> None:
+        while self.queue:
+            slot = next((s for s in self.slots if s.idle), None)
+            if slot is None:
+                return
+            job = self.queue.popleft()
+            job.started = time.monotonic()
+            job.deadline = job.started + job.limits.timeout_s
+            slot.job = job
+            request = {
+                "tool": job.call.tool,
+                "args": job.call.args,
+                "kwargs": job.call.kwargs,
+                "limits": job.limits.model_dump() if job.limits is not self.limits else None,
+            }
+            assert slot.chan is not None
+            try:
+                slot.chan.setblocking(True)
+                framing.send(slot.chan, request)
+            except OSError:
+                pass  # the worker died; its channel's EOF will finish the job
+            finally:
+                slot.chan.setblocking(False)
+
+    def _on_output(self, slot: Slot, fd: int, what: str) -> bool:
+        """Read one chunk of a worker's stdout/stderr; return whether anything was read."""
+        job = slot.job
+        cap = (job.limits if job else self.limits).max_output_kb * 1024
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self._unregister(fd)
+            return False
+        if job is None:
+            return True  # output of a process the previous call left behind: dropped
+        buf = job.stdout if what == "stdout" else job.stderr
+        room = cap - len(buf)
+        buf += data[: max(0, room)]
+        if len(data) > room and job.outcome is None:
+            job.outcome = Result.failure(job.call_id, "output_limit",
+                                         f"the tool wrote more than {cap // 1024} KB to {what}; it was stopped")
+            self._kill(slot, f"{what} over {cap // 1024} KB")
+        return True
+
+    def _drain_output(self, slot: Slot) -> None:
+        """Read what the worker wrote before its reply (or death) so it lands in this call's result."""
+        for fd, what in ((slot.out_fd, "stdout"), (slot.err_fd, "stderr")):
+            for _ in range(4096):  # bounded: a leftover writer cannot keep us here
+                if fd not in self.fd_owner or slot.job is None or slot.job.outcome is not None:
+                    break
+                if not self._on_output(slot, fd, what):
+                    break
+
+    def _on_worker(self, slot: Slot) -> None:
+        assert slot.reader is not None
+        try:
+            replies, closed = slot.reader.feed()
+        except framing.FrameError as e:
+            log.error("worker %d sent a bad frame (%s); replacing it", slot.id, e)
+            replies, closed = [], True
+            self._kill(slot, "bad frame")
+        for reply in replies:
+            job = slot.job
+            if job is None:
+                continue
+            self._drain_output(slot)
+            slot.job = None
+            replace = not reply.get("ok") and reply.get("error", {}).get("kind") == "memory"
+            if replace:
+                slot.killed = True  # the worker exits after this reply; give it no more calls
+            result = self._result_from_reply(job, slot, reply, restarted=replace)
+            self._finish(job, result)
+        if closed:
+            self._unregister(slot.chan.fileno() if slot.chan else -1)
+            if not slot.closed_at:
+                slot.closed_at = time.monotonic()
+        self._dispatch()
+
+    def _result_from_reply(self, job: Job, slot: Slot, reply: dict[str, Any], restarted: bool) -> Result:
+        error = None
+        if not reply.get("ok"):
+            error = ErrorInfo.model_validate(reply["error"])
+        return Result(
+            id=job.call_id,
+            ok=bool(reply.get("ok")),
+            value=reply.get("value"),
+            value_is_repr=bool(reply.get("value_is_repr", False)),
+            error=error,
+            stdout=job.stdout.decode(errors="replace"),
+            stderr=job.stderr.decode(errors="replace"),
+            signals=[Signal.model_validate(s) for s in reply.get("signals", ())],
+            worker=WorkerInfo(id=slot.id, pid=slot.pid, incarnation=slot.incarnation, restarted=restarted),
+            stats=Stats(wall_s=reply.get("wall_s", 0.0), cpu_s=reply.get("cpu_s", 0.0),
+                        peak_rss_kb=reply.get("peak_rss_kb", 0)),
+            limits=job.limits,
+            executor=self.executor_id,
+        )
+
+    def _kill(self, slot: Slot, why: str) -> None:
+        if slot.pid and not slot.killed:
+            log.info("killing worker %d (pid %d): %s", slot.id, slot.pid, why)
+            slot.killed = True
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(slot.pid, signal.SIGKILL)
+
+    def _check_deadlines(self, now: float) -> None:
+        for slot in self.slots:
+            job = slot.job
+            if job is not None and not slot.killed and now >= job.deadline:
+                job.outcome = Result.failure(
+                    job.call_id, "timeout",
+                    f"the tool ran past its {job.limits.timeout_s:g} s time limit and was killed")
+                self._kill(slot, f"call {job.call_id} timed out")
+            if slot.closed_at and now >= slot.closed_at + EXIT_STATUS_WAIT:
+                self._worker_gone(slot, 0, None)
+
+    def _worker_gone(self, slot: Slot, sig: int, code: int | None) -> None:
+        """The worker process is dead: finish its call, free its slot, make a new one."""
+        job = slot.job
+        if job is not None:
+            self._drain_output(slot)
+            wall = time.monotonic() - job.started
+            result = job.outcome or self._death_result(job, sig, code)
+            assert result.error is not None
+            if result.error.kind == "crashed":
+                result.error.signal = sig or None
+            result.worker = WorkerInfo(id=slot.id, pid=slot.pid, incarnation=slot.incarnation, restarted=True)
+            result.stats = Stats(wall_s=wall)
+            result.limits = job.limits
+            result.executor = self.executor_id
+            result.stdout = job.stdout.decode(errors="replace")
+            result.stderr = job.stderr.decode(errors="replace")
+            slot.job = None
+            self._finish(job, result)
+        self._close_slot(slot)
+        self._spawn(slot)
+
+    def _death_result(self, job: Job, sig: int, code: int | None) -> Result:
+        cid = job.call_id
+        if sig == signal.SIGXCPU:
+            return Result.failure(cid, "timeout", f"the tool used more than {job.limits.effective_cpu_s()} s of "
+                                  "CPU time and was killed")
+        if sig == signal.SIGKILL:
+            return Result.failure(cid, "memory" if self._oom_suspected(job) else "crashed",
+                                  "the worker was killed (SIGKILL) while running the tool")
+        if sig:
+            name = signal.Signals(sig).name if sig in signal.Signals.__members__.values() else str(sig)
+            return Result.failure(cid, "crashed", f"the worker died from signal {name} while running the tool")
+        if code is not None:
+            return Result.failure(cid, "crashed", f"the worker process exited with code {code} while running the tool")
+        return Result.failure(cid, "crashed", "the worker process disappeared while running the tool")
+
+    def _oom_suspected(self, job: Job) -> bool:
+        return False  # without a memory cgroup a SIGKILL is not attributed to memory
+
+    def _close_slot(self, slot: Slot) -> None:
+        for fd in (slot.chan.fileno() if slot.chan else -1, slot.out_fd, slot.err_fd):
+            self._unregister(fd)
+        if slot.chan is not None:
+            slot.chan.close()
+        for fd in (slot.out_fd, slot.err_fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        slot.chan, slot.reader, slot.out_fd, slot.err_fd = None, None, -1, -1
+        slot.pid, slot.closed_at, slot.killed = 0, 0.0, False
+
+    def _unregister(self, fd: int) -> None:
+        if fd >= 0 and self.fd_owner.pop(fd, None) is not None:
+            with contextlib.suppress(KeyError, zmq.ZMQError):
+                self.poller.unregister(fd)
+
+    # ---------------------------------------------------------------- answers
+
+    def _finish(self, job: Job, result: Result) -> None:
+        self.jobs.pop(job.call_id, None)
+        self._remember(result)
+        status = "ok" if result.ok else f"{result.error.kind if result.error else '?'}"
+        wall = f" {result.stats.wall_s * 1000:.1f}ms" if result.stats else ""
+        log.info("call %s %s: %s%s", job.call_id, job.call.tool, status, wall)
+        for ident in job.waiters:
+            self._send(ident, result)
+
+    def _remember(self, result: Result) -> None:
+        self.cache[result.id] = result
+        while len(self.cache) > RESULT_CACHE_SIZE:
+            self.cache.popitem(last=False)
+

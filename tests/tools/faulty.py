@@ -1,0 +1,202 @@
+"""Tools that misbehave in every way the executor must survive (the fault suite's cast)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+
+from executor import signals, tool
+
+_counter = 0
+
+
+@tool
+def noop() -> None:
+    """Do nothing."""
+
+
+@tool
+def echo(value: object = None) -> object:
+    """Return the value given."""
+    return value
+
+
+@tool
+def counter() -> int:
+    """Count calls in this worker (module state persists until the worker is replaced)."""
+    global _counter
+    _counter += 1
+    return _counter
+
+
+@tool
+def whoami() -> dict[str, int]:
+    """The worker's pid."""
+    return {"pid": os.getpid()}
+
+
+@tool
+def sleep_forever() -> None:
+    """Hang."""
+    while True:
+        time.sleep(3600)
+
+
+@tool
+def busy_loop() -> None:
+    """Spin on the CPU forever."""
+    while True:
+        pass
+
+
+@tool
+def ignore_sigterm_then_sleep() -> None:
+    """Ignore SIGTERM and hang."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(3600)
+
+
+@tool
+def allocate_forever() -> int:
+    """Allocate memory until something stops it."""
+    hoard = []
+    while True:
+        hoard.append(bytearray(16 * 1024 * 1024))
+
+
+@tool
+def segfault() -> None:
+    """Crash the interpreter."""
+    ctypes.string_at(0)
+
+
+@tool
+def hard_exit() -> None:
+    """os._exit(7)."""
+    os._exit(7)
+
+
+@tool
+def sys_exit() -> None:
+    """sys.exit(3)."""
+    sys.exit(3)
+
+
+@tool
+def keyboard_interrupt() -> None:
+    """Raise KeyboardInterrupt."""
+    raise KeyboardInterrupt
+
+
+@tool
+def recurse(n: int = 0) -> int:
+    """Recurse without end."""
+    return recurse(n + 1) + 1
+
+
+@tool
+def print_flood(mb: int = 300) -> None:
+    """Print hundreds of MB."""
+    line = "x" * 1023 + "\n"
+    for _ in range(mb * 1024):
+        sys.stdout.write(line)
+
+
+@tool
+def huge_string(mb: int = 64) -> str:
+    """Return a huge string."""
+    return "y" * (mb * 1024 * 1024)
+
+
+@tool
+def unpackable() -> object:
+    """Return something msgpack cannot carry."""
+    return {1, 2, 3}
+
+
+@tool
+def unreprable() -> object:
+    """Return an object that msgpack cannot carry and whose repr fails."""
+
+    class Bad:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr for you")
+
+    return Bad()
+
+
+@tool
+def read_stdin() -> str:
+    """Read stdin to the end."""
+    return sys.stdin.read()
+
+
+@tool
+def daemon() -> int:
+    """Double-fork a daemon that outlives the call unless killed; return its pid."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        grandchild = os.fork()
+        if grandchild == 0:
+            os.close(r)
+            os.write(w, str(os.getpid()).encode())
+            os.close(w)
+            time.sleep(3600)
+            os._exit(0)
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    daemon_pid = int(os.read(r, 64).decode())
+    os.close(r)
+    return daemon_pid
+
+
+@tool
+def fork_children(n: int = 200) -> list[int]:
+    """Fork n sleeping children and return their pids."""
+    pids = []
+    for _ in range(n):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(3600)
+            os._exit(0)
+        pids.append(pid)
+    return pids
+
+
+@tool
+def fail(message: str = "boom") -> None:
+    """Raise a plain exception."""
+    raise ValueError(message)
+
+
+@tool
+def shout(text: str = "hello") -> str:
+    """Print to stdout and stderr, then return."""
+    print(text)
+    print(f"err:{text}", file=sys.stderr)
+    return text
+
+
+@tool
+def finish(summary: str = "done") -> str:
+    """Signal task completion."""
+    signals.complete(summary)
+    return "ok"
+
+
+@tool(timeout=0.5)
+def slow_with_own_timeout() -> None:
+    """Sleep longer than this tool's own 0.5 s timeout."""
+    time.sleep(30)
+
+
+@tool(idempotent=True, no_repeat=True, bundleable=True)
+def flagged(x: int) -> int:
+    """A tool with every flag."""
+    return x
