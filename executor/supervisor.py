@@ -112,7 +112,7 @@ class Supervisor:
         self.parent_pid = parent_pid
         self.profile = profile
         self.executor_id = uuid.uuid4().hex[:12]
-        self.incarnation = int(time.time())
+        self.incarnation = time.time_ns() // 1000 % (1 << 53)  # distinct across restarts
         self.specs: dict[str, ToolSpec] = {}
         self.slots = [Slot(id=i) for i in range(self.n_workers)]
         self.queue: collections.deque[Job] = collections.deque()

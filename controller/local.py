@@ -1,0 +1,149 @@
+"""``LocalExecutor``: a private executor for one controller, started and stopped with it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from controller.client import ExecutorClient, ExecutorUnavailable
+
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 5.0
+_FLAG_NAMES = {
+    "workers": "--workers",
+    "timeout": "--timeout",
+    "cpu_s": "--cpu-s",
+    "memory_mb": "--memory-mb",
+    "max_output_kb": "--max-output-kb",
+    "max_result_kb": "--max-result-kb",
+    "max_queue": "--max-queue",
+    "profile": "--profile",
+    "log_level": "--log-level",
+}
+
+
+class ExecutorStartError(RuntimeError):
+    """The executor did not come up; the message includes the tail of its stderr."""
+
+
+class LocalExecutor:
+    """Start ``ciayn-executor serve`` on an ipc endpoint in a private 0700 directory, yield a
+    connected ``ExecutorClient``, and stop the executor on exit. The executor is told our pid
+    (``--parent-pid``), so it also exits if this process dies without cleaning up.
+
+        with LocalExecutor(tools=["executor.toolkits.builtin"], workspace="ws", timeout=10) as client:
+            client.call_text('list_dir(".")')
+    """
+
+    def __init__(
+        self,
+        tools: Sequence[str],
+        *,
+        workspace: str | os.PathLike[str] | None = None,
+        client_timeout: float | None = None,
+        **limits: object,
+    ) -> None:
+        unknown = set(limits) - set(_FLAG_NAMES)
+        if unknown:
+            raise TypeError(f"unknown executor option(s): {', '.join(sorted(unknown))}")
+        if not tools:
+            raise ValueError("LocalExecutor needs at least one tool module")
+        self.tools = list(tools)
+        self.workspace = Path(workspace).resolve() if workspace is not None else None
+        self.limits = limits
+        self.client_timeout = client_timeout
+        self.dir: Path | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client: ExecutorClient | None = None
+
+    @property
+    def endpoint(self) -> str:
+        assert self.dir is not None, "the executor is not started"
+        return f"ipc://{self.dir}/executor.sock"
+
+    @property
+    def log_path(self) -> Path:
+        assert self.dir is not None
+        return self.dir / "executor.log"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "executor.cli", "serve", "--bind", self.endpoint, "--parent-pid", str(os.getpid())]
+        for t in self.tools:
+            cmd += ["--tools", str(t)]
+        if self.workspace is not None:
+            cmd += ["--workspace", str(self.workspace)]
+        for key, value in self.limits.items():
+            if value is not None:
+                cmd += [_FLAG_NAMES[key], str(value)]
+        return cmd
+
+    def start(self) -> ExecutorClient:
+        self.dir = Path(tempfile.mkdtemp(prefix="ciayn-executor-"))  # mode 0700
+        log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child
+        try:
+            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         start_new_session=True)
+        finally:
+            log.close()
+        client = ExecutorClient(self.endpoint, connect_timeout=0.2,
+                                **({"timeout": self.client_timeout} if self.client_timeout else {}))
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if self.proc.poll() is not None:
+                client.close()
+                tail = self.log_tail()
+                self.stop()
+                raise ExecutorStartError(
+                    f"the executor exited with code {self.proc.returncode} before it was ready.\n{tail}")
+            try:
+                client.tools(timeout=0.2)
+                break
+            except ExecutorUnavailable:
+                if time.monotonic() > deadline:
+                    client.close()
+                    tail = self.log_tail()
+                    self.stop()
+                    raise ExecutorStartError(
+                        f"the executor did not answer within {START_TIMEOUT:g} s.\n{tail}") from None
+        client.connect_timeout = 10.0
+        self.client = client
+        return client
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except (OSError, AssertionError):
+            return "(no executor log)"
+        return "executor log (last lines):\n" + "\n".join("  " + line for line in text[-lines:])
+
+    def stop(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+    def __enter__(self) -> ExecutorClient:
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

@@ -1,0 +1,53 @@
+"""Shared fixtures: real executors on real sockets, always cleaned up."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+# Before anything can import litellm: no network at run time.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from controller import ExecutorClient, LocalExecutor  # noqa: E402
+
+TESTS = Path(__file__).parent
+FAULTY = str(TESTS / "tools" / "faulty.py")
+BUILTIN = "executor.toolkits.builtin"
+
+
+@pytest.fixture
+def make_client() -> Iterator[Callable[..., ExecutorClient]]:
+    """Start a real executor (``ciayn-executor serve`` on a private ipc endpoint) and return a
+    connected client: ``make_client(tools=[module or path, ...], workspace=..., timeout=..., ...)``.
+    Every executor started is stopped at the end of the test."""
+    started: list[LocalExecutor] = []
+
+    def make(tools: list[str] | None = None, **options: object) -> ExecutorClient:
+        local = LocalExecutor(tools=tools or [FAULTY], **options)  # type: ignore[arg-type]
+        client = local.start()
+        client.local = local  # type: ignore[attr-defined]
+        started.append(local)
+        return client
+
+    yield make
+    for local in started:
+        local.stop()
+
+
+@pytest.fixture
+def executor_pids() -> Callable[[ExecutorClient], list[int]]:
+    """All pids of an executor started by ``make_client``: supervisor, template, workers, leftovers."""
+
+    def pids(client: ExecutorClient) -> list[int]:
+        local: LocalExecutor = client.local  # type: ignore[attr-defined]
+        assert local.proc is not None
+        root = psutil.Process(local.proc.pid)
+        return [root.pid] + [p.pid for p in root.children(recursive=True)]
+
+    return pids
