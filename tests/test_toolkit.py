@@ -1,0 +1,364 @@
+"""The built-in toolkit, called in-process on a real filesystem with real symlinks and subprocesses."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from executor import signals
+from executor.registry import load_tools
+from executor.toolkits import builtin
+from executor.toolkits.builtin import (
+    complete_task,
+    emit_note,
+    list_dir,
+    read_file,
+    run_shell,
+    write_file,
+)
+
+
+@pytest.fixture
+def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A workspace, with a sibling directory ``outside`` that tools must never reach."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.txt").write_text("top secret")
+    monkeypatch.setenv("CIAYN_WORKSPACE", str(root))
+    return root
+
+
+@pytest.fixture
+def outside(ws: Path) -> Path:
+    return ws.parent / "outside"
+
+
+def wait_until_dead(pids: list[int], within: float = 5.0) -> list[int]:
+    """The pids still alive (not gone, not a zombie) after waiting up to ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        alive = [pid for pid in pids if _alive(pid)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def live_sleep_children() -> list[psutil.Process]:
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.name() == "sleep" and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+# --- the registry sees exactly these tools -------------------------------------------------------
+
+
+def test_load_tools_yields_exactly_the_builtin_tools_with_their_flags() -> None:
+    tools = load_tools(["executor.toolkits.builtin"])
+    flags = {name: (t.spec.bundleable, t.spec.idempotent, t.spec.no_repeat) for name, t in tools.items()}
+    assert flags == {
+        "read_file": (True, True, False),
+        "write_file": (False, False, False),
+        "list_dir": (True, True, False),
+        "run_shell": (False, False, False),
+        "emit_note": (True, False, False),
+        "complete_task": (False, False, False),
+    }
+    assert set(builtin.__all__) == set(tools)
+    shell_timeout = tools["run_shell"].spec.timeout
+    assert shell_timeout is not None and shell_timeout > builtin.SHELL_TIMEOUT_MAX
+    assert tools["read_file"].spec.signature == "(path: str, max_bytes: int = 200000) -> str"
+    assert all(t.spec.doc and "No docstring" not in t.spec.doc for t in tools.values())
+
+
+# --- read_file, write_file, list_dir: happy paths ------------------------------------------------
+
+
+def test_write_then_read_round_trips_and_creates_parent_directories(ws: Path) -> None:
+    assert write_file("src/pkg/mod.py", "print('héllo')\n") == "wrote 16 bytes to src/pkg/mod.py"
+    assert (ws / "src/pkg/mod.py").read_text(encoding="utf-8") == "print('héllo')\n"
+    assert read_file("src/pkg/mod.py") == "print('héllo')\n"
+
+
+def test_write_file_overwrites(ws: Path) -> None:
+    (ws / "a.txt").write_text("a much longer old content")
+    write_file("a.txt", "new")
+    assert (ws / "a.txt").read_text() == "new"
+
+
+def test_absolute_path_inside_the_workspace_is_allowed(ws: Path) -> None:
+    write_file(str(ws / "abs.txt"), "x")
+    assert read_file(str(ws / "abs.txt")) == "x"
+
+
+def test_workspace_is_read_at_call_time(ws: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.setenv("CIAYN_WORKSPACE", str(other))
+    write_file("f.txt", "in other")
+    assert (other / "f.txt").read_text() == "in other"
+    assert not (ws / "f.txt").exists()
+
+
+def test_list_dir_is_sorted_with_directories_marked(ws: Path) -> None:
+    (ws / "b.txt").write_text("")
+    (ws / "a_dir").mkdir()
+    (ws / "a_dir" / "inner.txt").write_text("")
+    (ws / "C").write_text("")
+    assert list_dir() == ["C", "a_dir/", "b.txt"]
+    assert list_dir("a_dir") == ["inner.txt"]
+
+
+def test_list_dir_is_bounded_with_a_marker(ws: Path) -> None:
+    big = ws / "big"
+    big.mkdir()
+    for i in range(builtin.LIST_DIR_MAX_ENTRIES + 5):
+        (big / f"f{i:05d}").touch()
+    names = list_dir("big")
+    assert len(names) == builtin.LIST_DIR_MAX_ENTRIES + 1
+    assert names[0] == "f00000"
+    assert names[-1] == "[... 5 more entries not shown]"
+
+
+# --- read_file errors and truncation -------------------------------------------------------------
+
+
+def test_missing_file_is_a_clear_file_not_found(ws: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"'nope\.txt' does not exist"):
+        read_file("nope.txt")
+    with pytest.raises(FileNotFoundError):
+        list_dir("nope")
+
+
+def test_reading_a_directory_says_so(ws: Path) -> None:
+    (ws / "d").mkdir()
+    with pytest.raises(IsADirectoryError, match="list_dir"):
+        read_file("d")
+    with pytest.raises(IsADirectoryError):
+        write_file("d", "x")
+
+
+def test_listing_a_file_says_so(ws: Path) -> None:
+    (ws / "f.txt").touch()
+    with pytest.raises(NotADirectoryError, match="read_file"):
+        list_dir("f.txt")
+
+
+def test_writing_under_a_file_says_a_file_is_in_the_way(ws: Path) -> None:
+    (ws / "f.txt").touch()
+    with pytest.raises(NotADirectoryError, match="a file is in the way"):
+        write_file("f.txt/child.txt", "x")
+
+
+def test_binary_file_is_refused_as_binary(ws: Path) -> None:
+    (ws / "img.bin").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    with pytest.raises(ValueError, match="binary"):
+        read_file("img.bin")
+
+
+def test_non_utf8_file_is_refused_as_not_text(ws: Path) -> None:
+    (ws / "latin1.txt").write_bytes("café".encode("latin-1"))
+    with pytest.raises(ValueError, match="not UTF-8 text"):
+        read_file("latin1.txt")
+
+
+def test_fifo_is_refused_without_hanging(ws: Path) -> None:
+    os.mkfifo(ws / "pipe")
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_file("pipe")
+
+
+def test_large_file_is_truncated_with_a_marker_saying_how_much(ws: Path) -> None:
+    (ws / "big.txt").write_text("x" * 1000)
+    text = read_file("big.txt", max_bytes=100)
+    body, marker = text.split("\n", 1)
+    assert body == "x" * 100
+    assert "first 100 of 1000 bytes" in marker and "900 bytes cut" in marker
+
+
+def test_truncation_does_not_split_a_multibyte_character(ws: Path) -> None:
+    (ws / "u.txt").write_text("ab" + "é" * 10, encoding="utf-8")  # é is 2 bytes
+    text = read_file("u.txt", max_bytes=5)  # 'ab' + one é + half of the next
+    assert text.startswith("abé\n")
+    assert "first 4 of 22 bytes" in text
+
+
+def test_a_file_exactly_max_bytes_long_is_not_truncated(ws: Path) -> None:
+    (ws / "f.txt").write_text("12345")
+    assert read_file("f.txt", max_bytes=5) == "12345"
+
+
+# --- confinement ---------------------------------------------------------------------------------
+
+
+def test_dotdot_escape_is_refused(ws: Path, outside: Path) -> None:
+    with pytest.raises(PermissionError, match=r"'\.\./outside/secret.txt' is outside the workspace"):
+        read_file("../outside/secret.txt")
+    with pytest.raises(PermissionError):
+        write_file("sub/../../outside/new.txt", "x")
+    with pytest.raises(PermissionError):
+        list_dir("..")
+    assert not (outside / "new.txt").exists()
+
+
+def test_absolute_path_outside_is_refused(ws: Path, outside: Path) -> None:
+    with pytest.raises(PermissionError, match=f"outside the workspace {re.escape(str(ws))}"):
+        read_file(str(outside / "secret.txt"))
+    with pytest.raises(PermissionError):
+        write_file(str(outside / "new.txt"), "x")
+    with pytest.raises(PermissionError):
+        list_dir("/")
+    assert not (outside / "new.txt").exists()
+
+
+def test_symlinked_file_pointing_outside_is_refused(ws: Path, outside: Path) -> None:
+    (ws / "link.txt").symlink_to(outside / "secret.txt")
+    with pytest.raises(PermissionError, match="outside the workspace"):
+        read_file("link.txt")
+    with pytest.raises(PermissionError):
+        write_file("link.txt", "overwritten")
+    assert (outside / "secret.txt").read_text() == "top secret"
+
+
+def test_symlink_pointing_inside_is_followed(ws: Path) -> None:
+    (ws / "real.txt").write_text("real")
+    (ws / "alias.txt").symlink_to("real.txt")
+    assert read_file("alias.txt") == "real"
+    write_file("alias.txt", "changed")
+    assert (ws / "real.txt").read_text() == "changed"
+
+
+def test_symlinked_directory_pointing_outside_is_refused_for_read_write_and_list(ws: Path, outside: Path) -> None:
+    (ws / "escape").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(PermissionError):
+        read_file("escape/secret.txt")
+    with pytest.raises(PermissionError):
+        write_file("escape/planted.txt", "x")
+    with pytest.raises(PermissionError):
+        write_file("escape/deeper/planted.txt", "x")
+    with pytest.raises(PermissionError):
+        list_dir("escape")
+    assert sorted(os.listdir(outside)) == ["secret.txt"]
+
+
+def test_writing_through_a_dangling_symlink_to_outside_is_refused(ws: Path, outside: Path) -> None:
+    (ws / "dangling.txt").symlink_to(outside / "created-by-tool.txt")
+    with pytest.raises(PermissionError, match="outside the workspace"):
+        write_file("dangling.txt", "x")
+    assert not (outside / "created-by-tool.txt").exists()
+
+
+def test_symlink_loop_is_refused_even_with_dotdot_after_it(ws: Path, outside: Path) -> None:
+    (ws / "a").symlink_to("b")
+    (ws / "b").symlink_to("a")
+    with pytest.raises(OSError, match="symlink loop"):
+        read_file("a")
+    with pytest.raises(OSError):  # PermissionError or the loop error, depending on the Python version
+        write_file("a/../../outside/x.txt", "x")
+    assert not (outside / "x.txt").exists()
+
+
+# --- run_shell -----------------------------------------------------------------------------------
+
+
+def test_run_shell_reports_exit_code_stdout_and_stderr(ws: Path) -> None:
+    r = run_shell("echo out; echo err >&2; exit 3")
+    assert r == {"exit_code": 3, "stdout": "out\n", "stderr": "err\n", "timed_out": False}
+
+
+def test_run_shell_runs_in_the_workspace(ws: Path) -> None:
+    (ws / "marker").touch()
+    r = run_shell("pwd; ls")
+    assert r["stdout"] == f"{ws}\nmarker\n"
+
+
+def test_run_shell_reports_death_by_signal_as_negative_exit_code(ws: Path) -> None:
+    assert run_shell("kill -TERM $$")["exit_code"] == -15
+
+
+def test_run_shell_timeout_kills_the_whole_group_and_returns_fast(ws: Path) -> None:
+    start = time.monotonic()
+    r = run_shell("echo $$ > pids; sleep 60 & echo $! >> pids; sleep 60", timeout=1.0)
+    elapsed = time.monotonic() - start
+    assert r["timed_out"] is True
+    assert "timed out after 1 s" in str(r["stderr"])
+    assert 1.0 <= elapsed < 10
+    pids = [int(line) for line in (ws / "pids").read_text().split()]
+    assert len(pids) == 2
+    assert wait_until_dead(pids) == []
+    assert live_sleep_children() == []
+
+
+def test_background_processes_do_not_outlive_the_command(ws: Path) -> None:
+    start = time.monotonic()
+    r = run_shell("sleep 60 & echo $!")
+    assert time.monotonic() - start < 10
+    assert r["timed_out"] is False and r["exit_code"] == 0
+    assert wait_until_dead([int(str(r["stdout"]))]) == []
+    assert live_sleep_children() == []
+
+
+def test_run_shell_waits_for_a_command_that_closed_its_output(ws: Path) -> None:
+    r = run_shell("exec >&- 2>&-; sleep 0.3; exit 4", timeout=10)
+    assert r["exit_code"] == 4 and r["timed_out"] is False
+
+
+def test_run_shell_output_is_capped_keeping_head_and_tail(ws: Path) -> None:
+    r = run_shell("seq 1 100000; seq 1 20 >&2")
+    out = str(r["stdout"])
+    total = len("".join(f"{i}\n" for i in range(1, 100001)).encode())
+    assert len(out.encode()) < builtin.SHELL_OUTPUT_CAP + 100
+    assert out.startswith("1\n2\n3\n")
+    assert out.endswith("99999\n100000\n")
+    assert f"[... {total - builtin.SHELL_OUTPUT_CAP} bytes cut ...]" in out
+    assert r["stderr"] == "".join(f"{i}\n" for i in range(1, 21))
+
+
+def test_run_shell_stdin_is_at_eof_immediately(ws: Path) -> None:
+    # Give this process a stdin that never ends, so a command inheriting it would hang until timeout.
+    read_end, write_end = os.pipe()
+    saved = os.dup(0)
+    os.dup2(read_end, 0)
+    try:
+        r = run_shell("cat; echo done", timeout=5)
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read_end, write_end):
+            os.close(fd)
+    assert r == {"exit_code": 0, "stdout": "done\n", "stderr": "", "timed_out": False}
+
+
+def test_run_shell_refuses_an_out_of_range_timeout(ws: Path) -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        run_shell("true", timeout=0)
+    with pytest.raises(ValueError, match="timeout"):
+        run_shell("true", timeout=builtin.SHELL_TIMEOUT_MAX + 1)
+
+
+# --- signals -------------------------------------------------------------------------------------
+
+
+def test_emit_note_and_complete_task_raise_signals() -> None:
+    signals.drain()
+    assert emit_note("found 3 failing tests") == "noted"
+    assert "complete" in complete_task("fixed them")
+    drained = [(s.kind, s.message) for s in signals.drain()]
+    assert drained == [("note", "found 3 failing tests"), ("complete", "fixed them")]
+    assert signals.drain() == []
