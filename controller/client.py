@@ -21,6 +21,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -253,7 +254,7 @@ class ExecutorClient:
                 call, future = arg
                 timeout = call.timeout or self._tool_timeout(call.tool) or self.default_timeout
                 if call.id in pending:  # a caller reused an id: answer the newcomer from the same call
-                    pending[call.id].future.add_done_callback(lambda f, fut=future: fut.set_result(f.result()))
+                    pending[call.id].future.add_done_callback(_forward_to(future))
                     continue
                 silent_for = now - self._last_heard
                 deadline = now + timeout + DEADLINE_GRACE
@@ -341,3 +342,10 @@ class ExecutorClient:
         if p is not None and not p.future.done():
             p.future.set_result(result)
 
+
+def _forward_to(target: Future[Result]) -> Callable[[Future[Result]], None]:
+    def forward(source: Future[Result]) -> None:
+        if not target.done():
+            target.set_result(source.result())
+
+    return forward

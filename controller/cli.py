@@ -1,0 +1,295 @@
+"""``ciayn``: run an agent whose tools execute in an isolated executor; call or list tools directly."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from controller.models import OFFLINE_ENV
+
+for _key, _value in OFFLINE_ENV.items():  # before anything can import litellm: no network but the model's
+    os.environ.setdefault(_key, _value)
+
+from controller.client import ExecutorClient, ExecutorUnavailable  # noqa: E402
+from controller.local import ExecutorStartError, LocalExecutor  # noqa: E402
+from protocol import Result  # noqa: E402
+
+BUILTIN_TOOLS = "executor.toolkits.builtin"
+LOCAL_MODEL = "local"
+
+DESCRIPTION = """\
+ciayn-sandbox: an LLM agent whose tools never run inside the agent's process. Every tool call goes
+as plain data over ZeroMQ to an executor that runs it in a supervised worker under resource limits.
+"""
+
+RUN_EPILOG = """\
+examples:
+  ciayn run "List the files and summarise README.md" --workspace ./project
+        (the embedded local model, offline; install it once with scripts/setup-model)
+  ciayn run "Fix the failing test" --model openai/gpt-4o-mini --workspace ./project
+  ciayn run "..." --model openai/my-model --api-base http://127.0.0.1:8000/v1 --backend ciayn
+  ciayn run "..." --model anthropic/claude-sonnet-4-20250514 --executor tcp://pool:5555
+
+Without --tools or --executor, a private executor serves the built-in toolkit (read_file,
+write_file, list_dir, run_shell, emit_note, complete_task) confined to --workspace.
+Exit status: 0 when a tool signalled that the task is complete, 1 otherwise, 2 for usage errors.
+"""
+
+
+class UserError(Exception):
+    """Something the user can fix; printed as one paragraph, no traceback."""
+
+
+# ------------------------------------------------------------------------------------------ parser
+
+
+def _executor_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("executor (choose one; default: a private executor with the built-in toolkit)")
+    g.add_argument("--executor", metavar="ENDPOINT", help="use a running executor or broker, e.g. tcp://host:5555")
+    g.add_argument("--tools", action="append", metavar="MODULE",
+                   help="start a private executor with these tool modules (dotted name or .py path; repeatable)")
+    p.add_argument("--workspace", metavar="DIR", default=".",
+                   help="directory the private executor's file tools are confined to (default: .)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="per-call wall-clock limit in seconds (default: the executor's, 30 s for a private one)")
+    p.add_argument("--memory-mb", type=int, default=None, metavar="MB",
+                   help="memory limit of a private executor's workers")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ciayn", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run an agent on a task", description=DESCRIPTION, epilog=RUN_EPILOG,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("task", help="what the agent should do")
+    run.add_argument("--model", default=LOCAL_MODEL,
+                     help="litellm model string, e.g. openai/gpt-4o-mini; 'local' (default) serves the embedded "
+                     "SmolLM2-135M model on 127.0.0.1")
+    run.add_argument("--api-base", metavar="URL", help="base URL of an OpenAI-compatible server for the model")
+    run.add_argument("--backend", choices=["auto", "react", "ciayn"], default="auto",
+                     help="react: native tool calling (LangGraph); ciayn: one line of Python per step; "
+                     "auto (default): react when the model is known to call tools well")
+    run.add_argument("--max-steps", type=int, default=30, metavar="N", help="model requests before stopping (30)")
+    run.add_argument("--max-cost", type=float, default=None, metavar="USD", help="stop once this much is spent")
+    run.add_argument("--grammar", choices=["auto", "on", "off"], default="auto",
+                     help="constrain CIAYN replies with a GBNF grammar (auto: on for the local model)")
+    run.add_argument("--show-reasoning", action="store_true", help="show the model's reasoning / think blocks")
+    run.add_argument("--json", action="store_true", help="print one JSON event per line instead of a transcript")
+    _executor_options(run)
+
+    call = sub.add_parser("call", help="run one tool call, written as Python call text",
+                          description="Parse one call (the CIAYN grammar: literal arguments only) and run it in "
+                          "the executor.", epilog="example: ciayn call 'read_file(path=\"README.md\")'")
+    call.add_argument("text", help="the call, e.g. 'list_dir(path=\".\")'")
+    call.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    _executor_options(call)
+
+    tools = sub.add_parser("tools", help="list the executor's tools",
+                           description="List the tools an executor offers, with signatures and docs.")
+    tools.add_argument("--json", action="store_true", help="print the tool specs as JSON")
+    _executor_options(tools)
+    return parser
+
+
+# ------------------------------------------------------------------------------------------ executor
+
+
+@contextlib.contextmanager
+def open_executor(args: argparse.Namespace) -> Iterator[ExecutorClient]:
+    if args.executor and args.tools:
+        raise UserError("Give either --executor (a running executor) or --tools (start a private one), not both.")
+    if args.executor:
+        client = ExecutorClient(args.executor, **({"timeout": args.timeout} if args.timeout else {}))
+        try:
+            client.tools()
+        except ExecutorUnavailable as e:
+            client.close()
+            raise UserError(f"{e}") from None
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    workspace = Path(args.workspace)
+    if not workspace.is_dir():
+        raise UserError(f"The workspace {args.workspace!r} is not a directory. Create it or pass --workspace DIR.")
+    limits: dict[str, Any] = {}
+    if args.timeout:
+        limits["timeout"] = args.timeout
+    if args.memory_mb:
+        limits["memory_mb"] = args.memory_mb
+    local = LocalExecutor(tools=args.tools or [BUILTIN_TOOLS], workspace=workspace, **limits)
+    try:
+        client = local.start()
+    except ExecutorStartError as e:
+        raise UserError(f"The private executor did not start: {e}") from None
+    try:
+        yield client
+    finally:
+        local.stop()
+
+
+# ------------------------------------------------------------------------------------------ commands
+
+
+def cmd_tools(args: argparse.Namespace) -> int:
+    with open_executor(args) as client:
+        specs = client.tools()
+        if args.json:
+            print(json.dumps([s.model_dump() for s in specs], indent=2))
+            return 0
+        from rich.console import Console
+
+        console = Console()
+        for spec in specs:
+            flags = [f for f in ("bundleable", "no_repeat", "idempotent") if getattr(spec, f)]
+            tail = f"  [dim]({', '.join(flags)})[/dim]" if flags else ""
+            console.print(f"[bold cyan]{spec.name}[/bold cyan]{_esc(spec.signature)}{tail}")
+            for line in spec.doc.splitlines():
+                console.print(f"    {_esc(line)}", highlight=False)
+            console.print()
+    return 0
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    with open_executor(args) as client:
+        result = client.call_text(args.text, timeout=args.timeout)
+    if args.json:
+        print(result.model_dump_json(indent=2))
+    else:
+        _print_result(result)
+    return 0 if result.ok else 1
+
+
+def _print_result(result: Result) -> None:
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    if result.stdout:
+        err.print("[dim]stdout:[/dim]", _esc(result.stdout.rstrip()), highlight=False)
+    if result.stderr:
+        err.print("[dim]stderr:[/dim]", _esc(result.stderr.rstrip()), highlight=False)
+    if result.ok:
+        value = result.value
+        if isinstance(value, str):
+            print(value)
+        else:
+            print(json.dumps(value, indent=2, ensure_ascii=False, default=repr))
+    else:
+        assert result.error is not None
+        err.print(f"[bold red]{result.error.kind}[/bold red]: {_esc(result.error.message)}", highlight=False)
+        if result.error.traceback:
+            err.print(_esc(result.error.traceback.rstrip()), style="dim", highlight=False)
+    for s in result.signals:
+        err.print(f"[green]signal {s.kind}[/green]: {_esc(s.message)}", highlight=False)
+    if result.worker and result.stats:
+        err.print(_worker_line(result), style="dim", highlight=False)
+
+
+def _worker_line(result: Result) -> str:
+    w, s = result.worker, result.stats
+    assert w is not None and s is not None
+    restarted = ", worker restarted" if w.restarted else ""
+    return f"worker {w.id} pid {w.pid}: {s.wall_s * 1000:.1f} ms, {s.peak_rss_kb / 1024:.0f} MB peak{restarted}"
+
+
+def _esc(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from controller.render import Transcript
+
+    transcript = Transcript(json_lines=args.json)
+    with contextlib.ExitStack() as stack:
+        model, api_base, grammar, backend = args.model, args.api_base, args.grammar, args.backend
+        if model == LOCAL_MODEL:
+            from controller.local_model import LocalModelServer, ModelNotInstalled, ModelServerError
+
+            transcript.notice("starting the embedded model (SmolLM2-135M-Instruct) on 127.0.0.1 ...")
+            try:
+                server = stack.enter_context(LocalModelServer())
+            except (ModelNotInstalled, ModelServerError) as e:
+                raise UserError(str(e)) from None
+            backend = "ciayn" if backend == "auto" else backend
+            model = server.react_model if backend == "react" else server.ciayn_model
+            api_base = server.api_base
+            if grammar == "auto":
+                grammar = "on"
+        client = stack.enter_context(open_executor(args))
+        tools = client.tools()
+        transcript.notice(f"executor ready: {len(tools)} tools ({', '.join(t.name for t in tools)}); "
+                          f"every call runs in a supervised worker process")
+        agent = _make_agent(model, api_base, backend, grammar, args, client)
+        finished = _drive(agent, args.task, transcript)
+    return 0 if finished is not None and finished.status == "completed" else 1
+
+
+def _make_agent(model: str, api_base: str | None, backend: str, grammar: str, args: argparse.Namespace,
+                client: ExecutorClient) -> Any:
+    from controller.agent import create_agent
+    from controller.models import ModelConfig
+
+    config = ModelConfig(model=model, api_base=api_base, use_grammar=grammar == "on")
+    return create_agent(config, client, backend=backend, max_steps=args.max_steps, max_cost=args.max_cost,
+                        show_reasoning=args.show_reasoning)
+
+
+def _drive(agent: Any, task: str, transcript: Any) -> Any:
+    """Stream the run; the first Ctrl-C asks the agent to stop cleanly, the second aborts."""
+    interrupted = False
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        nonlocal interrupted
+        if interrupted:
+            raise KeyboardInterrupt
+        interrupted = True
+        transcript.notice("stopping after the current step (Ctrl-C again to abort)")
+        agent.stop("interrupted by the user")
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    finished = None
+    try:
+        for event in agent.stream(task):
+            transcript.show(event)
+            if type(event).__name__ == "Finished":
+                finished = event
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return finished
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"run": cmd_run, "call": cmd_call, "tools": cmd_tools}
+    try:
+        return handlers[args.command](args)
+    except UserError as e:
+        print(f"ciayn: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ciayn: aborted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a model provider's error, say: one paragraph, not a traceback
+        from controller.models import ModelError
+
+        if isinstance(e, ModelError):
+            print(f"ciayn: the model request failed: {e}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
