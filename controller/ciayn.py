@@ -1,0 +1,381 @@
+"""The CIAYN agent: the model writes one call per reply as Python text; the executor runs it.
+
+One loop: prompt -> model -> ``protocol.parse_calls`` -> ``client.call`` for each call -> the results
+fed back in plain words -> again, until a tool signals completion (or exit), a step or cost limit is
+reached, or a fatal error ends the run. Nothing the model writes is ever evaluated: a reply becomes
+call descriptors (plain data) or a ``CallRejected`` message for the model.
+
+What it keeps from RA.Aid's CiaynAgent and what it fixes (see notes/raaid-behaviour.md):
+
+- reasoning (think tags, reasoning blocks, list-shaped content) is split off and never parsed;
+- an invalid reply is stored as the assistant turn and followed by the rejection, once, with real
+  newlines; consecutive invalid and empty replies are capped;
+- the repeat guard is per tool spec (``no_repeat``), uses ``protocol.fingerprint`` and is recorded
+  only when a call succeeded, so retrying after a crash or timeout is allowed;
+- a bundle runs in order and every call gets its own labelled result;
+- executor faults reach the model in plain words and the run goes on; an unavailable executor ends it;
+- history is trimmed by count and tokens without ever dropping the instructions or the task.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import uuid
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from controller import prompts
+from controller.events import (
+    Finished,
+    ModelText,
+    Notice,
+    Rejected,
+    StepEvent,
+    Tally,
+    ToolCallEvent,
+    ToolResultEvent,
+)
+from controller.history import trim_history
+from controller.models import (
+    LiteLLMModel,
+    Message,
+    Model,
+    ModelConfig,
+    ModelError,
+    ModelReply,
+    estimate_tokens,
+    split_content,
+)
+from protocol import Call, CallRejected, Result, ToolSpec, fingerprint, parse_calls, strip_markup
+
+DEFAULT_MAX_STEPS = 30
+DEFAULT_MAX_INVALID = 5
+DEFAULT_MAX_EMPTY = 3
+DEFAULT_MAX_HISTORY_MESSAGES = 50
+
+
+class ToolClient(Protocol):
+    """What the agent needs of an executor client (``controller.ExecutorClient`` is one)."""
+
+    def tools(self) -> list[ToolSpec]: ...
+
+    def call(self, call: Call, timeout: float | None = None) -> Result: ...
+
+
+def build_grammar(specs: Sequence[ToolSpec]) -> str:
+    """The GBNF grammar of valid replies, from ``controller.gbnf`` (raises ImportError without it)."""
+    gbnf: Any = importlib.import_module("controller.gbnf")
+    grammar: str = gbnf.call_grammar(list(specs))
+    return grammar
+
+
+class CiaynAgent:
+    """A CIAYN agent over one model and one executor client.
+
+    ``max_steps`` bounds model requests; ``max_cost`` (dollars) stops the run once spent;
+    ``max_invalid`` / ``max_empty`` bound consecutive invalid / empty replies; ``max_history_messages``
+    and ``max_history_tokens`` bound the history sent each step (tokens default to the model's known
+    input limit, if any). ``show_reasoning`` puts the model's reasoning into ``ModelText`` events.
+    ``system_role`` is the role of the instructions message. ``repair`` asks ``repair_model`` (default:
+    the same model) to rewrite a rejected reply into one valid call. ``grammar`` is a GBNF string
+    sent with every request, or True to build one from the tool specs (``controller.gbnf``).
+    ``call_timeout`` overrides the executor's per-call timeout (seconds)."""
+
+    def __init__(
+        self,
+        model: Model,
+        client: ToolClient,
+        *,
+        max_steps: int = DEFAULT_MAX_STEPS,
+        max_cost: float | None = None,
+        max_invalid: int = DEFAULT_MAX_INVALID,
+        max_empty: int = DEFAULT_MAX_EMPTY,
+        max_history_messages: int | None = DEFAULT_MAX_HISTORY_MESSAGES,
+        max_history_tokens: int | None = None,
+        show_reasoning: bool = False,
+        system_role: Literal["user", "system"] = "user",
+        repair: bool = False,
+        repair_model: Model | None = None,
+        grammar: str | bool | None = None,
+        call_timeout: float | None = None,
+    ) -> None:
+        if max_steps < 1 or max_invalid < 1 or max_empty < 1:
+            raise ValueError("max_steps, max_invalid and max_empty must each be at least 1")
+        if system_role not in ("user", "system"):
+            raise ValueError(f"system_role must be 'user' or 'system', not {system_role!r}")
+        self.model = model
+        self.client = client
+        self.max_steps = max_steps
+        self.max_cost = max_cost
+        self.max_invalid = max_invalid
+        self.max_empty = max_empty
+        self.max_history_messages = max_history_messages
+        self.max_history_tokens = max_history_tokens
+        self.show_reasoning = show_reasoning
+        self.system_role = system_role
+        self.repair = repair
+        self.repair_model = repair_model
+        self.grammar = grammar
+        self.call_timeout = call_timeout
+        self._stop = threading.Event()
+        self._stop_reason = ""
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, client: ToolClient, **options: Any) -> CiaynAgent:
+        """An agent on a ``LiteLLMModel`` whose role, repair and grammar settings come from ``config``;
+        ``options`` are the other constructor arguments."""
+        options.setdefault("system_role", config.system_role)
+        options.setdefault("repair", config.repair)
+        options.setdefault("grammar", True if config.use_grammar else None)
+        if config.repair_model and "repair_model" not in options:
+            options["repair_model"] = LiteLLMModel(config.for_repair())
+        return cls(LiteLLMModel(config), client, **options)
+
+    def stop(self, reason: str = "stopped by the user") -> None:
+        """Ask a running ``stream`` to end (thread-safe): it finishes with status ``stopped`` before
+        its next model request or call."""
+        self._stop_reason = reason
+        self._stop.set()
+
+    def stream(self, task: str | Sequence[Message]) -> Iterator[StepEvent]:
+        """Run ``task`` (text, or initial messages) and yield step events; the last is ``Finished``."""
+        self._stop.clear()
+        return _Run(self, task).events()
+
+    def run(self, task: str | Sequence[Message]) -> Finished:
+        """Run to the end and return the ``Finished`` event."""
+        events = list(self.stream(task))
+        finished = events[-1]
+        assert isinstance(finished, Finished)
+        return finished
+
+
+def _merge_roles(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """Merge consecutive user messages: some chat templates insist that roles alternate."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        previous = out[-1] if out else None
+        if (
+            previous is not None
+            and m.get("role") == "user" == previous.get("role")
+            and isinstance(m.get("content"), str)
+            and isinstance(previous.get("content"), str)
+        ):
+            out[-1] = {**previous, "content": f"{previous['content']}\n\n{m['content']}"}
+        else:
+            out.append(dict(m))
+    return out
+
+
+@dataclass
+class _Run:
+    """The state of one ``stream``: kept apart from the agent so runs never share it."""
+
+    agent: CiaynAgent
+    task: str | Sequence[Message]
+    tally: Tally = field(default_factory=Tally)
+    history: list[Message] = field(default_factory=list)
+    specs: list[ToolSpec] = field(default_factory=list)
+    tools: dict[str, ToolSpec] = field(default_factory=dict)
+    grammar: str | None = None
+    last_fingerprint: str | None = None  # of the last call, if it succeeded
+    invalid: int = 0
+    empty: int = 0
+    trim_noticed: bool = False
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    call_serial: int = 0
+
+    def events(self) -> Generator[StepEvent, None, None]:
+        a = self.agent
+        try:
+            self.specs = list(a.client.tools())
+        except Exception as e:  # the client's own failure, explained for the operator
+            yield self.tally.finished("failed", f"could not list the executor's tools: {e}")
+            return
+        self.tools = {s.name: s for s in self.specs}
+        yield from self._resolve_grammar()
+        initial = self._initial_messages()
+        count_tokens = getattr(a.model, "count_tokens", None) or estimate_tokens
+        token_limit = a.max_history_tokens
+        if token_limit is None and callable(getattr(a.model, "max_input_tokens", None)):
+            token_limit = a.model.max_input_tokens()  # type: ignore[attr-defined]
+
+        while True:
+            finished = self._limit_reached()
+            if finished is not None:
+                yield finished
+                return
+            self.tally.steps += 1
+            step = self.tally.steps
+            messages, dropped = trim_history(
+                initial,
+                self.history,
+                max_messages=a.max_history_messages,
+                max_tokens=token_limit,
+                count_tokens=count_tokens,
+            )
+            if dropped and not self.trim_noticed:
+                self.trim_noticed = True
+                yield Notice(f"History trimmed to fit the limits: {dropped} older messages left out.")
+            try:
+                reply = a.model.complete(_merge_roles(messages), grammar=self.grammar)
+            except ModelError as e:
+                yield self.tally.finished("failed", str(e))
+                return
+            text, reasoning = _reply_text(reply)
+            yield ModelText(step=step, text=text, reasoning=reasoning if a.show_reasoning else "")
+            yield self.tally.add_usage(step, reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.cost)
+
+            if not strip_markup(text):
+                self.empty += 1
+                if self.empty >= a.max_empty:
+                    yield self.tally.finished(
+                        "failed",
+                        f"the model returned {self.empty} empty replies in a row (nothing but whitespace, "
+                        "markup or reasoning); it may not follow this prompt format, or its reply was cut "
+                        "off by the token limit",
+                    )
+                    return
+                self.history.append({"role": "user", "content": prompts.empty_reply(self.specs)})
+                continue
+            self.empty = 0
+
+            try:
+                calls = parse_calls(text, self.tools)
+                call_text = strip_markup(text)
+            except CallRejected as e:
+                yield Rejected(step=step, text=text, message=str(e), code=e.code)
+                repaired = yield from self._repair(step, text, e)
+                if repaired is None:
+                    self.invalid += 1
+                    self.history.append({"role": "assistant", "content": text})
+                    self.history.append({"role": "user", "content": prompts.rejected(str(e))})
+                    if self.invalid >= a.max_invalid:
+                        yield self.tally.finished(
+                            "failed",
+                            f"the model sent {self.invalid} invalid replies in a row; the last was "
+                            f"rejected because: {e}",
+                        )
+                        return
+                    continue
+                calls, call_text = repaired
+            self.invalid = 0
+            self.history.append({"role": "assistant", "content": call_text})
+            outcome = yield from self._execute(step, calls)
+            if isinstance(outcome, Finished):
+                yield outcome
+                return
+            self.history.append({"role": "user", "content": prompts.feedback(outcome)})
+
+    def _resolve_grammar(self) -> Generator[StepEvent, None, None]:
+        grammar = self.agent.grammar
+        if isinstance(grammar, str):
+            self.grammar = grammar
+        elif grammar is True:
+            try:
+                self.grammar = build_grammar(self.specs)
+            except ImportError:
+                yield Notice("No reply grammar: controller.gbnf is not available; replies are unconstrained.")
+            except Exception as e:
+                yield Notice(f"No reply grammar: building it failed ({type(e).__name__}: {e}).")
+
+    def _initial_messages(self) -> list[Message]:
+        first: Message = {"role": self.agent.system_role, "content": prompts.instructions(self.specs)}
+        if isinstance(self.task, str):
+            return [first, {"role": "user", "content": prompts.TASK.format(task=self.task)}]
+        return [first, *(dict(m) for m in self.task)]
+
+    def _limit_reached(self) -> Finished | None:
+        a = self.agent
+        if a._stop.is_set():
+            return self.tally.finished("stopped", a._stop_reason or "stopped")
+        if self.tally.steps >= a.max_steps:
+            return self.tally.finished(
+                "stopped", f"the step limit ({a.max_steps}) was reached before the task was completed"
+            )
+        if a.max_cost is not None and self.tally.cost >= a.max_cost:
+            return self.tally.finished(
+                "stopped", f"the cost limit (${a.max_cost:.4f}) was reached: ${self.tally.cost:.4f} spent"
+            )
+        return None
+
+    def _repair(
+        self, step: int, text: str, error: CallRejected
+    ) -> Generator[StepEvent, None, tuple[list[Call], str] | None]:
+        """Ask the repair model to rewrite a rejected reply; the calls and their text, or None."""
+        a = self.agent
+        if not a.repair:
+            return None
+        model = a.repair_model or a.model
+        request = [{"role": "user", "content": prompts.repair_prompt(self.specs, text, str(error))}]
+        try:
+            reply = model.complete(request, grammar=self.grammar)
+        except ModelError as e:
+            yield Notice(f"Repair of the rejected reply failed: {e}")
+            return None
+        yield self.tally.add_usage(step, reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.cost)
+        fixed, _ = _reply_text(reply)
+        try:
+            calls = parse_calls(fixed, self.tools)
+        except CallRejected as e:
+            yield Notice(f"Repair of the rejected reply failed: the rewrite was rejected too ({e})")
+            return None
+        fixed = strip_markup(fixed)
+        yield Notice(f"Repaired the rejected reply as: {fixed}")
+        return calls, fixed
+
+    def _execute(
+        self, step: int, calls: list[Call]
+    ) -> Generator[StepEvent, None, list[tuple[Call, Result | str]] | Finished]:
+        """Run the calls in order; their outcomes for the feedback, or the run's end."""
+        a = self.agent
+        outcomes: list[tuple[Call, Result | str]] = []
+        for call in calls:
+            if a._stop.is_set():
+                return self.tally.finished("stopped", a._stop_reason or "stopped")
+            spec = self.tools[call.tool]
+            mark = fingerprint(call, spec)
+            if spec.no_repeat and mark == self.last_fingerprint:
+                message = prompts.repeat(call)
+                yield Rejected(step=step, text=prompts.format_call(call), message=message, code="repeat")
+                outcomes.append((call, message))
+                continue
+            self.call_serial += 1
+            sent = call.model_copy(update={"id": f"{self.run_id}-{self.call_serial}"})
+            yield ToolCallEvent(
+                step=step,
+                call_id=sent.id or "",
+                tool=sent.tool,
+                args=list(sent.args),
+                kwargs=dict(sent.kwargs),
+                text=prompts.format_call(sent),
+            )
+            result = a.client.call(sent, timeout=a.call_timeout)
+            self.tally.add_result(result)
+            yield ToolResultEvent.from_result(step, sent.tool, result)
+            self.last_fingerprint = mark if result.ok else None
+            for signal in result.signals:
+                if signal.kind == "note":
+                    yield Notice(f"{sent.tool}: {signal.message}")
+            if result.error is not None and result.error.kind == "unavailable":
+                return self.tally.finished(
+                    "failed", f"the executor is unavailable ({result.error.message}); the run cannot go on"
+                )
+            for signal in result.signals:
+                if signal.kind == "complete":
+                    return self.tally.finished("completed", "a tool reported the task complete", signal.message)
+                if signal.kind == "exit":
+                    reason = f"{sent.tool} asked to stop the run" + (f": {signal.message}" if signal.message else "")
+                    return self.tally.finished("stopped", reason, signal.message)
+            outcomes.append((call, result))
+        return outcomes
+
+
+def _reply_text(reply: ModelReply) -> tuple[str, str]:
+    """The reply's text and reasoning, whatever shape a ``Model`` returned them in (a custom model may
+    pass list-shaped content or inline think tags through)."""
+    cleaned, inline = split_content(reply.text)
+    reasoning = "\n\n".join(p for p in (reply.reasoning.strip(), inline) if p)
+    return cleaned, reasoning

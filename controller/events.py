@@ -1,0 +1,231 @@
+"""Structured step events: what an agent run yields, whatever its backend.
+
+Both backends (CIAYN and ReAct) yield these, so the CLI renders one transcript, ``--json`` prints one
+JSON object per line (``event.to_json()``, with an ``"event"`` field naming the kind), and tests
+assert on the same values. ``Tally`` keeps a run's counters and makes the ``Usage`` and ``Finished``
+events, so both backends count steps, calls, errors, tokens and cost the same way.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from protocol import Result
+
+FinishStatus = Literal["completed", "failed", "stopped"]
+SUMMARY_CHARS = 160  # a one-line summary of a value or error in a ToolResultEvent
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return repr(value)
+
+
+@dataclass(frozen=True)
+class Event:
+    """Base of every step event. ``KIND`` names it in JSON."""
+
+    KIND: ClassVar[str] = "event"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event": self.KIND, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), default=_json_default, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class ModelText(Event):
+    """The model's reply in a step, without its reasoning; ``reasoning`` is filled only when the
+    agent was asked to show it."""
+
+    KIND: ClassVar[str] = "model_text"
+    step: int
+    text: str
+    reasoning: str = ""
+
+
+@dataclass(frozen=True)
+class ToolCallEvent(Event):
+    """A call descriptor about to be sent to the executor. ``text`` is the call as Python text."""
+
+    KIND: ClassVar[str] = "tool_call"
+    step: int
+    call_id: str
+    tool: str
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class ToolResultEvent(Event):
+    """The executor's answer to one call, with the worker's cost of running it."""
+
+    KIND: ClassVar[str] = "tool_result"
+    step: int
+    call_id: str
+    tool: str
+    ok: bool
+    summary: str = ""
+    error_kind: str | None = None
+    error_message: str | None = None
+    worker_pid: int | None = None
+    worker_restarted: bool = False
+    wall_s: float | None = None
+    peak_rss_kb: int | None = None
+    value: Any = None
+
+    @classmethod
+    def from_result(cls, step: int, tool: str, result: Result) -> ToolResultEvent:
+        worker = result.worker
+        stats = result.stats
+        error = result.error
+        return cls(
+            step=step,
+            call_id=result.id,
+            tool=tool,
+            ok=result.ok,
+            summary=summarize(result),
+            error_kind=error.kind if error else None,
+            error_message=error.message if error else None,
+            worker_pid=worker.pid if worker else None,
+            worker_restarted=bool(worker and worker.restarted),
+            wall_s=stats.wall_s if stats else None,
+            peak_rss_kb=stats.peak_rss_kb if stats else None,
+            value=result.value,
+        )
+
+
+@dataclass(frozen=True)
+class Rejected(Event):
+    """A reply (or one call of it) the agent refused before it reached the executor: it did not
+    parse as a valid call, or it repeated a call that had just succeeded. ``message`` is what the
+    model was told; ``code`` is the short reason (``syntax``, ``unknown_tool``, ``repeat``, ...)."""
+
+    KIND: ClassVar[str] = "rejected"
+    step: int
+    text: str
+    message: str
+    code: str = ""
+
+
+@dataclass(frozen=True)
+class Usage(Event):
+    """Tokens and cost of one step's model requests, and the run's totals so far."""
+
+    KIND: ClassVar[str] = "usage"
+    step: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost: float
+    total_prompt_tokens: int
+    total_completion_tokens: int
+    total_cost: float
+
+
+@dataclass(frozen=True)
+class Notice(Event):
+    """Something the user should know that is not a step (a note from a tool, a repair, a limit)."""
+
+    KIND: ClassVar[str] = "notice"
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished(Event):
+    """The last event of every run. ``status`` is ``completed`` when a tool signalled completion
+    (``summary`` is its message), ``stopped`` for a limit or an exit signal, ``failed`` otherwise;
+    ``reason`` says why in plain words."""
+
+    KIND: ClassVar[str] = "finished"
+    status: FinishStatus
+    reason: str
+    summary: str = ""
+    steps: int = 0
+    calls: int = 0
+    tool_errors: int = 0
+    worker_restarts: int = 0
+    tokens: int = 0
+    cost: float = 0.0
+
+
+StepEvent = ModelText | ToolCallEvent | ToolResultEvent | Rejected | Usage | Notice | Finished
+
+
+def summarize(result: Result) -> str:
+    """One line: the start of the value, or the error's kind and message."""
+    if result.ok:
+        value = result.value
+        if value is None:
+            text = "(no value)"
+        elif isinstance(value, str):
+            text = value
+        else:
+            text = json.dumps(value, default=_json_default, ensure_ascii=False)
+    else:
+        error = result.error
+        text = f"{error.kind}: {error.message}" if error else "error"
+    text = " ".join(text.split())
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 3] + "..."
+
+
+@dataclass
+class Tally:
+    """A run's counters, updated as it goes; makes the ``Usage`` and ``Finished`` events."""
+
+    steps: int = 0
+    calls: int = 0
+    tool_errors: int = 0
+    worker_restarts: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def add_usage(self, step: int, prompt_tokens: int, completion_tokens: int, cost: float) -> Usage:
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        self.cost += cost
+        return Usage(
+            step=step,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cost=cost,
+            total_prompt_tokens=self.prompt_tokens,
+            total_completion_tokens=self.completion_tokens,
+            total_cost=self.cost,
+        )
+
+    def add_result(self, result: Result) -> None:
+        self.calls += 1
+        if not result.ok:
+            self.tool_errors += 1
+        if result.worker is not None and result.worker.restarted:
+            self.worker_restarts += 1
+
+    def finished(self, status: FinishStatus, reason: str, summary: str = "") -> Finished:
+        return Finished(
+            status=status,
+            reason=reason,
+            summary=summary,
+            steps=self.steps,
+            calls=self.calls,
+            tool_errors=self.tool_errors,
+            worker_restarts=self.worker_restarts,
+            tokens=self.tokens,
+            cost=self.cost,
+        )

@@ -1,0 +1,563 @@
+"""The CIAYN agent loop, end to end: a scripted model (the only fake) drives a real executor.
+
+Every loop test starts a real ``ciayn-executor serve`` through the ``make_client`` fixture; the tools
+(tests/tools/ciayn_tools.py) write their side effects into the workspace from the executor's worker
+processes, so the assertions prove what ran, where and in which order. The pure parts (history
+trimming, feedback texts, events) have unit tests at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller import prompts
+from controller.ciayn import CiaynAgent, build_grammar
+from controller.events import (
+    Finished,
+    ModelText,
+    Notice,
+    Rejected,
+    StepEvent,
+    Tally,
+    ToolCallEvent,
+    ToolResultEvent,
+    Usage,
+)
+from controller.history import TRIM_NOTE, trim_history
+from controller.models import ModelError, ModelReply, ScriptedModel, estimate_tokens
+from protocol import Call, ErrorInfo, Limits, Result, ToolSpec, WorkerInfo, parse_call
+
+CIAYN_TOOLS = str(Path(__file__).parent / "tools" / "ciayn_tools.py")
+DONE = 'complete_task(summary="all done")'
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return ws
+
+
+@pytest.fixture
+def client(make_client: Callable[..., Any], workspace: Path) -> Any:
+    return make_client(tools=[CIAYN_TOOLS], workspace=workspace)
+
+
+def run(agent: CiaynAgent, task: Any = "do the task") -> list[StepEvent]:
+    events = list(agent.stream(task))
+    assert isinstance(events[-1], Finished)
+    assert sum(isinstance(e, Finished) for e in events) == 1
+    return events
+
+
+def done(events: list[StepEvent]) -> Finished:
+    last = events[-1]
+    assert isinstance(last, Finished)
+    return last
+
+
+def of(kind: type[Any], events: Iterable[StepEvent]) -> list[Any]:
+    return [e for e in events if isinstance(e, kind)]
+
+
+def log_lines(workspace: Path) -> list[str]:
+    path = workspace / "calls.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def text_of(messages: list[dict[str, Any]]) -> str:
+    return "\n".join(str(m["content"]) for m in messages)
+
+
+# --- the happy path, markup and reasoning -----------------------------------------------------
+
+
+def test_calls_run_in_the_executor_and_completion_signal_ends_the_run(client: Any, workspace: Path) -> None:
+    model = ScriptedModel(['append_line(text="first")', DONE])
+    events = run(CiaynAgent(model, client))
+    finished = done(events)
+    assert finished.status == "completed"
+    assert finished.summary == "all done"
+    assert (finished.steps, finished.calls, finished.tool_errors) == (2, 2, 0)
+    assert log_lines(workspace) == ["first", "complete all done"]
+    result = of(ToolResultEvent, events)[0]
+    assert result.ok and result.worker_pid not in (None, os.getpid())
+    assert result.value.startswith("appended 'first' in pid ")
+    # The model read the result of its first call, in plain words.
+    assert "append_line(text='first') returned:\nappended 'first'" in text_of(model.requests[1])
+
+
+def test_markup_and_think_blocks_are_removed_and_never_executed(client: Any, workspace: Path) -> None:
+    reply = '<think>maybe SECRET_PLAN()</think>\n```python\nappend_line(text="a")\n```'
+    model = ScriptedModel([reply, "<THINK>\nPONDER\n</THINK>`append_line('b')`", DONE])
+    events = run(CiaynAgent(model, client))
+    assert done(events).status == "completed"
+    assert log_lines(workspace)[:2] == ["a", "b"]
+    texts = [e.text for e in of(ModelText, events)]
+    assert texts[:2] == ['```python\nappend_line(text="a")\n```', "`append_line('b')`"]
+    assert all(e.reasoning == "" for e in of(ModelText, events))  # hidden unless asked
+    sent = text_of(model.requests[-1])
+    assert "<think" not in sent.lower() and "SECRET_PLAN" not in sent and "PONDER" not in sent
+    # The history holds the call itself, without the fences.
+    assistant = [m["content"] for m in model.requests[-1] if m["role"] == "assistant"]
+    assert assistant == ['append_line(text="a")', "append_line('b')"]
+
+
+def test_reasoning_is_shown_only_when_asked(client: Any) -> None:
+    replies: list[Any] = [
+        "<think>inline plan</think>append_line('a')",
+        ModelReply(text="append_line('b')", reasoning="structured plan"),
+        DONE,
+    ]
+    shown = of(ModelText, run(CiaynAgent(ScriptedModel(replies), client, show_reasoning=True)))
+    assert [e.reasoning for e in shown[:2]] == ["inline plan", "structured plan"]
+    hidden = of(ModelText, run(CiaynAgent(ScriptedModel(replies), client)))
+    assert [e.reasoning for e in hidden] == ["", "", ""]
+
+
+def test_list_shaped_content_is_handled(client: Any, workspace: Path) -> None:
+    model = ScriptedModel(
+        [
+            [{"type": "thinking", "thinking": "let me see"}, {"type": "text", "text": "append_line('x')"}],
+            ["append_line('y')"],
+            [{"type": "text", "text": DONE}],
+        ]
+    )
+    events = run(CiaynAgent(model, client, show_reasoning=True))
+    assert done(events).status == "completed"
+    assert log_lines(workspace)[:2] == ["x", "y"]
+    assert of(ModelText, events)[0].reasoning == "let me see"
+
+
+# --- empty and invalid replies ----------------------------------------------------------------
+
+
+def test_empty_replies_fail_the_run_after_the_limit(client: Any, workspace: Path) -> None:
+    model = ScriptedModel(["", "   ", "<think>still thinking..."])
+    events = run(CiaynAgent(model, client, max_empty=3))
+    finished = done(events)
+    assert finished.status == "failed"
+    assert "3 empty replies in a row" in finished.reason
+    assert len(model.requests) == 3
+    assert not of(ToolCallEvent, events) and not log_lines(workspace)
+    # Each retry told the model its reply was empty, and only once per empty reply.
+    assert text_of(model.requests[2]).count("Your last reply was empty") == 2
+
+
+def test_an_empty_reply_streak_is_reset_by_a_valid_reply(client: Any) -> None:
+    model = ScriptedModel(["", "", "append_line('a')", "", "", DONE])
+    assert done(run(CiaynAgent(model, client, max_empty=3))).status == "completed"
+
+
+def test_invalid_reply_is_shown_to_the_model_once_with_its_rejection(client: Any, workspace: Path) -> None:
+    model = ScriptedModel(["Sure! I will call x = read()", "append_line('ok')", DONE])
+    events = run(CiaynAgent(model, client))
+    rejected = of(Rejected, events)
+    assert len(rejected) == 1 and rejected[0].code in ("syntax", "not_a_call")
+    second = model.requests[1]
+    # The model's own reply is the assistant turn, followed by the exact rejection.
+    assert second[-2] == {"role": "assistant", "content": "Sure! I will call x = read()"}
+    feedback = second[-1]["content"]
+    assert feedback == prompts.rejected(rejected[0].message)
+    assert text_of(second).count(rejected[0].message) == 1
+    assert "\n" in feedback and "\\n" not in feedback
+    # Later requests still hold it exactly once (no duplication as the history grows).
+    assert text_of(model.requests[2]).count(rejected[0].message) == 1
+    assert log_lines(workspace)[0] == "ok"
+
+
+def test_unknown_tool_and_bad_arguments_are_rejected_before_the_executor(client: Any, workspace: Path) -> None:
+    model = ScriptedModel(["delete_everything()", "append_line(txt='a')", DONE])
+    events = run(CiaynAgent(model, client))
+    codes = [r.code for r in of(Rejected, events)]
+    assert codes == ["unknown_tool", "bad_arguments"]
+    assert "append_line" in of(Rejected, events)[0].message  # the available tools are named
+    assert log_lines(workspace) == ["complete all done"]
+
+
+def test_consecutive_invalid_replies_fail_the_run(client: Any) -> None:
+    model = ScriptedModel(["x = 1", "print(open('f').read())", "import os", "never asked"])
+    events = run(CiaynAgent(model, client, max_invalid=3))
+    finished = done(events)
+    assert finished.status == "failed"
+    assert "3 invalid replies in a row" in finished.reason
+    assert "not a function call" in finished.reason or "statement" in finished.reason
+    assert len(model.requests) == 3 and model.remaining == 1
+
+
+def test_a_valid_reply_resets_the_invalid_streak(client: Any) -> None:
+    model = ScriptedModel(["x = 1", "y = 2", "append_line('a')", "z = 3", "w = 4", DONE])
+    assert done(run(CiaynAgent(model, client, max_invalid=3))).status == "completed"
+
+
+# --- bundles and the repeat guard -------------------------------------------------------------
+
+
+def test_a_bundle_runs_in_order_and_each_call_gets_its_result(client: Any, workspace: Path) -> None:
+    model = ScriptedModel(["append_line('1')\nappend_line('2'); append_line('3')", DONE])
+    events = run(CiaynAgent(model, client))
+    calls = of(ToolCallEvent, events)[:3]
+    assert [c.args for c in calls] == [["1"], ["2"], ["3"]]
+    assert {c.step for c in calls} == {1}
+    assert len({c.call_id for c in calls}) == 3
+    results = of(ToolResultEvent, events)[:3]
+    assert [r.call_id for r in results] == [c.call_id for c in calls]
+    assert log_lines(workspace)[:3] == ["1", "2", "3"]
+    feedback = model.requests[1][-1]["content"]
+    assert feedback.startswith("Results of your 3 calls, in order:\n")
+    first, second, third = (feedback.index(f"[{i}] append_line('{i}') returned:\nappended '{i}'") for i in (1, 2, 3))
+    assert first < second < third
+
+
+def test_non_bundleable_tools_cannot_be_bundled(client: Any, workspace: Path) -> None:
+    model = ScriptedModel(["lookup('a')\nlookup('b')", DONE])
+    events = run(CiaynAgent(model, client))
+    rejected = of(Rejected, events)
+    assert len(rejected) == 1 and rejected[0].code == "bundle"
+    assert "append_line, tell" in rejected[0].message
+    assert log_lines(workspace) == ["complete all done"]
+
+
+def test_prompt_lists_tools_rules_and_bundleable_tools(client: Any) -> None:
+    model = ScriptedModel([DONE])
+    run(CiaynAgent(model, client))
+    (first,) = model.requests[0]  # instructions and task merged into one user message
+    assert first["role"] == "user"
+    content = first["content"]
+    spec = next(s for s in client.tools() if s.name == "flaky_lookup")
+    assert spec.prompt_block() in content
+    assert "one call per line" in content and "append_line, tell" in content
+    assert "call complete_task" in content
+    assert content.endswith("Task:\ndo the task")
+    assert "\\n" not in content
+
+
+def test_system_role_is_configurable(client: Any) -> None:
+    model = ScriptedModel([DONE])
+    run(CiaynAgent(model, client, system_role="system"))
+    roles = [m["role"] for m in model.requests[0]]
+    assert roles == ["system", "user"]
+    assert model.requests[0][1]["content"] == "Task:\ndo the task"
+
+
+def test_a_repeated_no_repeat_call_is_refused_in_plain_words(client: Any, workspace: Path) -> None:
+    model = ScriptedModel(["lookup('a')", "lookup(key='a')", "lookup('b')", "lookup('a')", DONE])
+    events = run(CiaynAgent(model, client))
+    repeats = [r for r in of(Rejected, events) if r.code == "repeat"]
+    assert len(repeats) == 1 and repeats[0].step == 2  # keyword form of the same call is a repeat
+    assert log_lines(workspace) == ["lookup a", "lookup b", "lookup a", "complete all done"]
+    feedback = model.requests[2][-1]["content"]
+    assert feedback == prompts.repeat(Call(tool="lookup", kwargs={"key": "a"}))
+    assert "was not run" in feedback
+
+
+def test_repeating_a_call_after_it_failed_is_allowed(client: Any, workspace: Path) -> None:
+    model = ScriptedModel(["flaky_lookup('k')", "flaky_lookup('k')", "flaky_lookup('k')", DONE])
+    events = run(CiaynAgent(model, client))
+    results = of(ToolResultEvent, events)
+    assert [r.ok for r in results[:2]] == [False, True]
+    assert results[0].error_kind == "crashed" and results[0].worker_restarted
+    assert [r.code for r in of(Rejected, events)] == ["repeat"]  # only after it succeeded
+    assert log_lines(workspace) == ["flaky_lookup k", "complete all done"]
+
+
+# --- executor faults mid-run ------------------------------------------------------------------
+
+
+def test_a_timeout_mid_run_is_explained_and_the_run_completes(client: Any, workspace: Path) -> None:
+    model = ScriptedModel(["nap(seconds=30)", "append_line('after')", DONE])
+    events = run(CiaynAgent(model, client))
+    timeout = of(ToolResultEvent, events)[0]
+    assert timeout.error_kind == "timeout" and timeout.worker_restarted
+    assert timeout.wall_s is not None and timeout.wall_s < 10
+    told = model.requests[1][-1]["content"]
+    assert told == (
+        "nap(seconds=30) failed: the tool timed out after 1 s and its worker was restarted; tool state was reset."
+    )
+    finished = done(events)
+    assert finished.status == "completed"
+    assert (finished.tool_errors, finished.worker_restarts) == (1, 1)
+    assert log_lines(workspace) == ["after", "complete all done"]
+
+
+def test_a_crash_mid_run_is_explained_and_the_run_completes(client: Any) -> None:
+    model = ScriptedModel(["remember('secret')", "segfault()", "recall()", DONE])
+    events = run(CiaynAgent(model, client))
+    results = of(ToolResultEvent, events)
+    assert results[1].error_kind == "crashed" and results[1].worker_restarted
+    told = model.requests[2][-1]["content"]
+    assert told.startswith("segfault() failed: the tool crashed (")
+    assert "SIGSEGV" in told and told.endswith("its worker was restarted; tool state was reset.")
+    assert results[2].ok and results[2].value == ""  # the new worker has no memory of 'secret'
+    assert done(events).status == "completed"
+
+
+def test_a_tool_error_reaches_the_model_with_its_message(client: Any) -> None:
+    model = ScriptedModel(["fail(message='bad input')", DONE])
+    events = run(CiaynAgent(model, client))
+    assert of(ToolResultEvent, events)[0].error_kind == "tool_error"
+    assert (
+        model.requests[1][-1]["content"] == "fail(message='bad input') failed: the tool raised ValueError: bad input."
+    )
+    assert done(events).status == "completed"
+
+
+def test_an_unavailable_executor_ends_the_run(client: Any) -> None:
+    def kill_executor(messages: list[dict[str, Any]]) -> str:
+        client.local.proc.kill()
+        client.local.proc.wait()
+        return "append_line('lost')"
+
+    events = run(CiaynAgent(ScriptedModel(["append_line('a')", kill_executor, DONE]), client))
+    finished = done(events)
+    assert finished.status == "failed"
+    assert "executor is unavailable" in finished.reason
+
+
+# --- signals and limits -----------------------------------------------------------------------
+
+
+def test_exit_signal_stops_the_run(client: Any) -> None:
+    model = ScriptedModel(["give_up(reason='no credentials')", "never asked"])
+    finished = done(run(CiaynAgent(model, client)))
+    assert finished.status == "stopped"
+    assert "no credentials" in finished.reason and "give_up" in finished.reason
+    assert model.remaining == 1
+
+
+def test_a_note_signal_becomes_a_notice(client: Any, workspace: Path) -> None:
+    model = ScriptedModel(["tell('hello user')\nappend_line('x')", DONE])
+    events = run(CiaynAgent(model, client))
+    assert [n.text for n in of(Notice, events)] == ["tell: hello user"]
+    assert done(events).status == "completed"
+    assert log_lines(workspace)[0] == "x"
+
+
+def test_step_limit_stops_the_run(client: Any, workspace: Path) -> None:
+    model = ScriptedModel([f"append_line('{i}')" for i in range(10)])
+    finished = done(run(CiaynAgent(model, client, max_steps=3)))
+    assert finished.status == "stopped"
+    assert "step limit (3)" in finished.reason
+    assert finished.steps == 3 and len(model.requests) == 3
+    assert log_lines(workspace) == ["0", "1", "2"]
+
+
+def test_cost_limit_stops_the_run_and_usage_is_accounted(client: Any) -> None:
+    model = ScriptedModel(
+        [f"append_line('{i}')" for i in range(10)], cost_per_call=0.4, prompt_tokens=100, completion_tokens=7
+    )
+    events = run(CiaynAgent(model, client, max_cost=1.0))
+    finished = done(events)
+    assert finished.status == "stopped" and "cost limit ($1.0000)" in finished.reason
+    assert len(model.requests) == 3
+    usage = of(Usage, events)
+    assert [u.step for u in usage] == [1, 2, 3]
+    assert usage[-1].total_prompt_tokens == 300 and usage[-1].total_completion_tokens == 21
+    assert usage[-1].total_cost == pytest.approx(1.2)
+    assert finished.tokens == 321 and finished.cost == pytest.approx(1.2)
+
+
+def test_a_model_error_fails_the_run_with_its_message(client: Any) -> None:
+    model = ScriptedModel(["append_line('a')", ModelError("The model 'x' request failed (HTTP 400): bad")])
+    finished = done(run(CiaynAgent(model, client)))
+    assert finished.status == "failed" and "HTTP 400" in finished.reason
+
+
+def test_stop_ends_the_run_before_the_next_request(client: Any) -> None:
+    agent: CiaynAgent
+
+    def stop_then_call(messages: list[dict[str, Any]]) -> str:
+        agent.stop("user pressed Ctrl-C")
+        return "append_line('a')"
+
+    agent = CiaynAgent(ScriptedModel([stop_then_call, DONE]), client)
+    finished = done(run(agent))
+    assert finished.status == "stopped" and finished.reason == "user pressed Ctrl-C"
+
+
+# --- history ----------------------------------------------------------------------------------
+
+
+def test_history_trimming_keeps_the_initial_messages(client: Any) -> None:
+    model = ScriptedModel([f"append_line('{i}')" for i in range(8)] + [DONE])
+    events = run(CiaynAgent(model, client, max_history_messages=4))
+    assert done(events).status == "completed"
+    last = model.requests[-1]
+    assert last[0]["content"].startswith(prompts.instructions(client.tools())[:80])
+    assert "Task:\ndo the task" in last[0]["content"]
+    assert "earlier messages of this conversation were left out" in last[0]["content"]
+    assert [m["role"] for m in last[1:]] == ["assistant", "user", "assistant", "user"]
+    assert last[-2]["content"] == "append_line('7')"
+    assert len(of(Notice, events)) == 1
+
+
+def test_history_trimming_by_tokens(client: Any) -> None:
+    model = ScriptedModel([f"append_line('{'x' * 400}{i}')" for i in range(6)] + [DONE])
+    initial = prompts.instructions(client.tools()) + "\n\nTask:\ndo the task"
+    budget = estimate_tokens([{"role": "user", "content": initial}]) + 600
+    events = run(CiaynAgent(model, client, max_history_tokens=budget, max_history_messages=None))
+    assert done(events).status == "completed"
+    last = model.requests[-1]
+    assert estimate_tokens(last) <= budget
+    assert last[0]["content"].startswith(initial[:200]) and "do the task" in last[0]["content"]
+    assert "earlier messages of this conversation were left out" in last[0]["content"]
+    assert last[-2]["content"].endswith("5')")
+    assert len(last) < 2 + 2 * 6
+
+
+def test_the_callers_initial_messages_are_not_mutated(client: Any) -> None:
+    task = [{"role": "user", "content": "Task: write a line"}]
+    snapshot = json.dumps(task)
+    model = ScriptedModel([f"append_line('{i}')" for i in range(5)] + [DONE])
+    run(CiaynAgent(model, client, max_history_messages=2), task)
+    assert json.dumps(task) == snapshot
+    assert model.requests[0][0]["content"].endswith("Task: write a line")
+
+
+# --- repair and grammar -----------------------------------------------------------------------
+
+
+def test_repair_rewrites_a_rejected_reply(client: Any, workspace: Path) -> None:
+    model = ScriptedModel(["I would append the line hi using append_line", "append_line(text='hi')", DONE])
+    events = run(CiaynAgent(model, client, repair=True))
+    assert done(events).status == "completed"
+    assert log_lines(workspace)[0] == "hi"
+    repair_request = model.requests[1]
+    assert len(repair_request) == 1
+    assert "I would append the line hi using append_line" in repair_request[0]["content"]
+    assert of(Rejected, events)[0].message in repair_request[0]["content"]
+    assert any("Repaired the rejected reply as: append_line(text='hi')" in n.text for n in of(Notice, events))
+    # The conversation continues from the repaired call, not the prose.
+    assert model.requests[2][-2] == {"role": "assistant", "content": "append_line(text='hi')"}
+
+
+def test_a_failed_repair_falls_back_to_feedback(client: Any) -> None:
+    fixer = ScriptedModel(["still not a call"])
+    model = ScriptedModel(["prose instead of a call", DONE])
+    events = run(CiaynAgent(model, client, repair=True, repair_model=fixer))
+    assert len(fixer.requests) == 1
+    assert any("rewrite was rejected too" in n.text for n in of(Notice, events))
+    assert model.requests[1][-2] == {"role": "assistant", "content": "prose instead of a call"}
+    assert done(events).status == "completed"
+
+
+def test_a_grammar_is_sent_with_every_request(client: Any) -> None:
+    model = ScriptedModel(["append_line('a')", DONE])
+    run(CiaynAgent(model, client, grammar='root ::= "x"'))
+    assert model.grammars == ['root ::= "x"', 'root ::= "x"']
+
+
+def test_grammar_true_builds_one_from_the_tool_specs(client: Any) -> None:
+    model = ScriptedModel([DONE])
+    events = run(CiaynAgent(model, client, grammar=True))
+    grammar = model.grammars[0]
+    if grammar is None:  # controller.gbnf is not there yet: the run says so and goes on
+        assert any("No reply grammar" in n.text for n in of(Notice, events))
+    else:
+        assert grammar == build_grammar(client.tools())
+        assert "append_line" in grammar and "complete_task" in grammar
+
+
+# --- pure parts: history, feedback texts, events ----------------------------------------------
+
+
+def _conversation(steps: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    initial = [{"role": "user", "content": "instructions"}, {"role": "user", "content": "task"}]
+    history: list[dict[str, Any]] = []
+    for i in range(steps):
+        history += [{"role": "assistant", "content": f"call{i}()"}, {"role": "user", "content": f"result {i}"}]
+    return initial, history
+
+
+def test_trim_by_count_keeps_initial_and_starts_at_a_call() -> None:
+    initial, history = _conversation(5)
+    before = json.dumps([initial, history])
+    out, dropped = trim_history(initial, history, max_messages=5)
+    assert json.dumps([initial, history]) == before  # nothing mutated
+    assert out[:2] == initial
+    assert out[2]["content"] == TRIM_NOTE.format(dropped=dropped)
+    assert out[3]["role"] == "assistant" and dropped == 6
+    assert out[-1]["content"] == "result 4"
+
+
+def test_trim_by_tokens_keeps_the_latest_step_even_when_over_budget() -> None:
+    initial, history = _conversation(5)
+    out, dropped = trim_history(initial, history, max_tokens=1)
+    assert out[:2] == initial and out[-2:] == history[-2:] and dropped == 8
+    out, dropped = trim_history(initial, history, max_tokens=10_000)
+    assert out == initial + history and dropped == 0
+
+
+def test_trim_by_tokens_uses_the_given_counter() -> None:
+    initial, history = _conversation(10)
+    out, _ = trim_history(initial, history, max_tokens=100, count_tokens=lambda ms: 10 * len(ms), headroom=0)
+    assert len(out) * 10 <= 100
+
+
+def _result(kind: str | None, message: str = "", **fields: Any) -> Result:
+    if kind is None:
+        return Result(id="1", ok=True, **fields)
+    return Result(id="1", ok=False, error=ErrorInfo(kind=kind, message=message), **fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        (
+            _result(
+                "timeout",
+                "x",
+                limits=Limits(timeout_s=5),
+                worker=WorkerInfo(id=0, pid=1, incarnation=2, restarted=True),
+            ),
+            "the tool timed out after 5 s and its worker was restarted; tool state was reset",
+        ),
+        (
+            _result("memory", "killed", limits=Limits(memory_mb=256)),
+            "the tool ran out of memory (limit 256 MB) (killed)",
+        ),
+        (_result("unknown_tool", "no tool 'x'"), "the executor refused the call: no tool 'x'"),
+        (
+            _result("output_limit", "too much", limits=Limits(max_output_kb=8)),
+            "the tool's output was larger than allowed (8 KB) (too much)",
+        ),
+        (_result("cancelled"), "the call was cancelled"),
+    ],
+)
+def test_describe_failure_in_plain_words(result: Result, expected: str) -> None:
+    assert prompts.describe_failure(result) == expected
+
+
+def test_feedback_renders_values_and_output() -> None:
+    call = parse_call("f(1, k='v')")
+    ok = _result(None, value={"a": [1, 2]}, stdout="printed\n")
+    assert prompts.feedback([(call, ok)]) == "f(1, k='v') returned:\n{\"a\": [1, 2]}\nIt printed:\nprinted"
+    nothing = _result(None)
+    assert prompts.feedback([(call, nothing)]) == "f(1, k='v') returned:\n(the tool returned nothing)"
+    long = _result(None, value="x" * (prompts.MAX_FEEDBACK_CHARS + 5))
+    assert prompts.feedback([(call, long)]).endswith("(cut here: 5 more characters)")
+
+
+def test_example_call_uses_required_parameters() -> None:
+    def tool_fn(path: str, count: int, /, flag: bool, opt: str = "") -> None: ...
+
+    spec = ToolSpec.from_function(tool_fn, name="t")
+    assert prompts.example_call(spec) == 't("...", 1, flag=True)'
+    parse_call(prompts.example_call(spec))
+
+
+def test_events_serialise_to_json() -> None:
+    tally = Tally()
+    usage = tally.add_usage(1, 10, 2, 0.5)
+    event = ToolResultEvent(step=1, call_id="c", tool="t", ok=True, value=b"\xff\x00")
+    for e in (usage, event, tally.finished("completed", "done", "summary"), Notice("n")):
+        data = json.loads(e.to_json())
+        assert data["event"] == e.KIND
+    assert json.loads(event.to_json())["value"] == {"base64": "/wA="}
+    assert json.loads(tally.finished("failed", "r").to_json())["tokens"] == 12
