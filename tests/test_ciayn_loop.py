@@ -30,7 +30,7 @@ from controller.events import (
     Usage,
 )
 from controller.history import TRIM_NOTE, trim_history
-from controller.models import ModelError, ModelReply, ScriptedModel, estimate_tokens
+from controller.models import ModelConfig, ModelError, ModelReply, ScriptedModel, estimate_tokens
 from protocol import Call, ErrorInfo, Limits, Result, ToolSpec, WorkerInfo, parse_call
 
 CIAYN_TOOLS = str(Path(__file__).parent / "tools" / "ciayn_tools.py")
@@ -462,6 +462,22 @@ def test_grammar_true_builds_one_from_the_tool_specs(client: Any) -> None:
     else:
         assert grammar == build_grammar(client.tools())
         assert "append_line" in grammar and "complete_task" in grammar
+
+
+def test_a_run_over_real_http_with_a_grammar(client: Any, workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole path: litellm -> an OpenAI-compatible server on 127.0.0.1 -> the loop -> the executor."""
+    stub_module = pytest.importorskip("llm_stub")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with stub_module.LLMStub(["append_line(text='over http')", DONE]) as stub:
+        config = ModelConfig(model="openai/stub", api_base=stub.api_base, use_grammar=True)
+        events = run(CiaynAgent.from_config(config, client))
+        assert done(events).status == "completed"
+        assert log_lines(workspace) == ["over http", "complete all done"]
+        assert len(stub.requests) == 2
+        grammar = stub.requests[0].get("grammar")
+        if grammar is not None:
+            assert "append_line" in grammar
+        assert "append_line(text='over http') returned:" in stub.requests[1]["messages"][-1]["content"]
 
 
 # --- pure parts: history, feedback texts, events ----------------------------------------------

@@ -273,3 +273,25 @@ def test_scripted_model_estimates_usage_by_default() -> None:
     reply = ScriptedModel(["f(x=1)"]).complete([{"role": "user", "content": "x" * 400}])
     assert reply.usage.prompt_tokens == 104 and reply.usage.completion_tokens > 0
     assert reply.cost == 0.0
+
+
+def test_litellm_model_over_real_http(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real OpenAI-compatible server on 127.0.0.1: a 503 is retried, the grammar travels in the
+    body, reasoning is split off, and a 400 fails at once with the server's message."""
+    stub_module = pytest.importorskip("llm_stub")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    replies = [
+        stub_module.StubError(503, "overloaded"),
+        "<think>the file</think>read_file(path='a')",
+        stub_module.StubError(400, "grammar not supported"),
+    ]
+    with stub_module.LLMStub(replies) as stub:
+        model = LiteLLMModel(ModelConfig(model="openai/stub", api_base=stub.api_base, retry_base_s=0.01))
+        reply = model.complete(MESSAGES, grammar='root ::= "x"')
+        assert (reply.text, reply.reasoning) == ("read_file(path='a')", "the file")
+        assert reply.usage.prompt_tokens > 0 and reply.cost == 0.0
+        assert len(stub.requests) == 2 and stub.requests[-1]["grammar"] == 'root ::= "x"'
+        with pytest.raises(ModelError) as caught:
+            model.complete(MESSAGES)
+        assert caught.value.status == 400 and "grammar not supported" in str(caught.value)
+        assert len(stub.requests) == 3
