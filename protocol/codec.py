@@ -55,18 +55,34 @@ def encode(msg: Body, *, max_bytes: int = MAX_FRAME_BYTES) -> list[bytes]:
     return [VERSION, msg.KIND.encode(), body]
 
 
-def _check_fields(fields: dict[str, Any]) -> None:
-    for name in ("args", "kwargs", "value"):
-        if name in fields:
-            check_value(fields[name], name)
+def _check_fields(fields: dict[Any, Any]) -> None:
+    """Every field, not only the free-form ones: a non-str key or an odd type nested in, say, a tool's
+    JSON Schema must fail here, on both sides, rather than slip past pydantic's ``Any``."""
+    for name, value in fields.items():
+        if type(name) is not str:
+            raise ValueRefused(f"the body has a {type(name).__name__} key {name!r}; keys must be str")
+        check_value(value, name)
 
 
-def decode(frames: Sequence[bytes], *, max_bytes: int = MAX_FRAME_BYTES) -> Message:
+def _frame_bytes(frame: Any) -> bytes:
+    """A frame's bytes: ``bytes``-like objects and ``zmq.Frame`` only (``bytes(n)`` of an int would
+    allocate ``n`` zero bytes)."""
+    if isinstance(frame, bytes):
+        return frame
+    if isinstance(frame, bytearray | memoryview):
+        return bytes(frame)
+    inner = getattr(frame, "bytes", None)  # zmq.Frame, without importing zmq here
+    if isinstance(inner, bytes):
+        return inner
+    raise ProtocolError(f"a frame must be bytes, got {type(frame).__name__}")
+
+
+def decode(frames: Sequence[bytes | bytearray | memoryview], *, max_bytes: int = MAX_FRAME_BYTES) -> Message:
     """Parse and validate one message; raise ``ProtocolError`` (only) if anything is wrong."""
     try:
         if len(frames) != 3:
             raise ProtocolError(f"expected 3 frames [version, kind, body], got {len(frames)}")
-        version, kind_frame, body = (bytes(f) for f in frames)
+        version, kind_frame, body = (_frame_bytes(f) for f in frames)
         if version != VERSION:
             raise ProtocolError(
                 f"unsupported protocol version {version[:32]!r}; this side speaks {VERSION.decode()}"

@@ -17,8 +17,10 @@ from protocol.spec import BindError, ToolSpec
 
 
 def _canonical(value: Any) -> Any:
+    """Dicts with sorted keys (msgpack keeps insertion order, so the bytes are stable; a dict stays
+    a map, so ``{"a": 1}`` never matches the list ``[["a", 1]]``); tuples as lists."""
     if isinstance(value, dict):
-        return [[k, _canonical(value[k])] for k in sorted(value)]
+        return {k: _canonical(value[k]) for k in sorted(value)}
     if isinstance(value, list | tuple):
         return [_canonical(v) for v in value]
     return value

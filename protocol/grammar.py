@@ -22,17 +22,21 @@ MAX_CALL_CHARS = 512 * 1024  # a whole file passed to a write tool must fit
 MAX_NESTING = 32  # brackets outside strings
 MAX_ELEMENTS = 20_000  # literal nodes in one call
 MAX_CALLS = 32  # calls in one bundle
+MAX_SEPARATORS = 2 * MAX_ELEMENTS + MAX_CALLS  # commas, semicolons, line breaks outside strings
 EXPECTED_SHAPE = 'Reply with exactly one call such as: tool_name(arg="value")'
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_UNCLOSED_THINK = re.compile(r"^\s*<think>.*\Z", re.DOTALL | re.IGNORECASE)
+_THINK_TAG = re.compile(r"<(/?)think>", re.IGNORECASE)
 _FENCE = re.compile(r"^[ \t]*(```+|~~~+)[ \t]*([A-Za-z0-9_+\-.]*)[ \t]*$", re.MULTILINE)
 _ONE_LINE_FENCE = re.compile(r"^(```+|~~~+)(.*?)(?:\1)?$", re.DOTALL)
 _FENCE_LANGUAGE = re.compile(r"^(?:python3?|py|tool_code|tool|code)\s+(?=[A-Za-z_])", re.IGNORECASE)
-# Strings (so brackets inside them do not count) and brackets, for the nesting bound.
-_SCAN = re.compile(
-    r"""[rRbBuUfF]{0,2}(?:\"\"\"(?:\\.|[^\\])*?\"\"\"|'''(?:\\.|[^\\])*?'''|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')"""
-    r"""|[(\[{]|[)\]}]""",
+# Strings and comments (what is inside them does not count), brackets and separators, for the bounds.
+_SCAN = re.compile(  # strings as unrolled loops: linear, no ambiguous backtracking
+    r"[rRbBuUfF]{0,2}(?:"
+    r'"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""'
+    r"|'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''"
+    r'|"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
+    r"|'[^'\\\n]*(?:\\.[^'\\\n]*)*')"
+    r"|#[^\n]*|[(\[{]|[)\]}]|[,;\n]",
     re.DOTALL,
 )
 _STARTS_LIKE_CALL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\s*\(")
@@ -80,14 +84,41 @@ def _reject(what: str, code: str, hint: str = EXPECTED_SHAPE) -> CallRejected:
     return CallRejected(f"{what} {hint}", code)
 
 
+def _strip_think(text: str) -> str:
+    """Remove the ``<think>...</think>`` blocks before and after the reply (each ends at its first
+    close tag), and everything from an unclosed leading ``<think>`` (the model is still thinking).
+
+    Only blocks at the edges go: a think tag inside a string argument is data. One pass over the
+    tags, so many tags cost linear time."""
+    tags = list(_THINK_TAG.finditer(text))
+    if not tags:
+        return text
+    start, first = 0, 0  # text[start:] and tags[first:] are what remains
+    while first < len(tags):
+        while start < len(text) and text[start].isspace():
+            start += 1
+        if tags[first].start() != start or tags[first].group(1):
+            break
+        close = next((i for i in range(first + 1, len(tags)) if tags[i].group(1)), None)
+        if close is None:
+            return ""
+        start, first = tags[close].end(), close + 1
+    end, last = len(text), len(tags) - 1
+    while last >= first:
+        while end > start and text[end - 1].isspace():
+            end -= 1
+        if tags[last].end() != end or not tags[last].group(1):
+            break
+        opening = next((i for i in range(last - 1, first - 1, -1) if not tags[i].group(1)), None)
+        if opening is None:
+            break
+        end, last = tags[opening].start(), opening - 1
+    return text[start:end]
+
+
 def strip_markup(text: str) -> str:
     """Remove think blocks, markdown fences and backticks around a call; normalise line ends."""
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if "<think" in text.lower():
-        text = _THINK.sub("", text)
-        if _UNCLOSED_THINK.match(text):
-            return ""  # the model is still thinking: nothing to run
-    text = text.strip()
+    text = _strip_think(text.replace("\r\n", "\n").replace("\r", "\n")).strip()
     if text.startswith(("```", "~~~")) or not _STARTS_LIKE_CALL.match(text):
         fences = list(_FENCE.finditer(text))
         if fences:
@@ -105,15 +136,21 @@ def strip_markup(text: str) -> str:
     return text
 
 
-def _check_bounds(text: str) -> None:
+def _check_length(text: str) -> None:
     if len(text) > MAX_CALL_CHARS:
         raise _reject(
             f"Your reply is {len(text)} characters long; the limit is {MAX_CALL_CHARS}.",
             "too_large",
-            "Split the work into smaller calls.",
+            f"Split the work into smaller calls. {EXPECTED_SHAPE}",
         )
+
+
+def _check_structure(text: str) -> None:
+    """Bound bracket nesting and the number of separators outside strings, so ``ast.parse`` never
+    builds a tree far larger than any acceptable call (100 000 one-line statements took seconds)."""
     depth = 0
     deepest = 0
+    separators = 0
     for m in _SCAN.finditer(text):
         c = m.group()
         if c in "([{":
@@ -121,14 +158,23 @@ def _check_bounds(text: str) -> None:
             deepest = max(deepest, depth)
         elif c in ")]}":
             depth -= 1
+        elif c in ",;\n":
+            separators += 1
     if deepest > MAX_NESTING:
         raise _reject(f"Your reply nests brackets {deepest} deep; the limit is {MAX_NESTING}.", "too_deep")
+    if separators > MAX_SEPARATORS:
+        raise _reject(
+            f"Your reply holds {separators} commas, semicolons and line breaks outside strings; "
+            f"the limit is {MAX_SEPARATORS}.",
+            "too_large",
+            f"Split the work into smaller calls. {EXPECTED_SHAPE}",
+        )
 
 
 def _parse_module(text: str) -> ast.Module:
     if not text:
         raise CallRejected(f"Your reply was empty. {EXPECTED_SHAPE}", "empty")
-    _check_bounds(text)
+    _check_structure(text)
     try:
         return ast.parse(text, mode="exec")
     except SyntaxError as e:
@@ -143,22 +189,24 @@ def _parse_module(text: str) -> ast.Module:
 class _Converter:
     """Turns the argument nodes of an accepted call into plain data, counting nodes as it goes."""
 
-    def __init__(self, lines: list[str]) -> None:
+    def __init__(self) -> None:
         self.nodes = 0
-        self.lines = lines
 
-    def value(self, node: ast.expr, where: str) -> Any:
+    def value(self, node: ast.expr, where: str, depth: int = 0) -> Any:
         self.nodes += 1
         if self.nodes > MAX_ELEMENTS:
             raise _reject(f"The arguments hold more than {MAX_ELEMENTS} values.", "too_large")
+        if depth > MAX_NESTING:
+            raise _reject(f"{where} nests lists or dicts deeper than {MAX_NESTING} levels.", "too_deep")
         if isinstance(node, ast.Constant):
             return self.constant(node.value, where)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             operand = node.operand
-            if isinstance(operand, ast.Constant) and type(operand.value) in (int, float):
-                return self.constant(-operand.value, where)
+            number = operand.value if isinstance(operand, ast.Constant) else None
+            if type(number) is int or type(number) is float:  # not bool, not complex
+                return self.constant(-number, where)
         if isinstance(node, ast.List | ast.Tuple):
-            return [self.value(item, f"{where}[{i}]") for i, item in enumerate(node.elts)]
+            return [self.value(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(node.elts)]
         if isinstance(node, ast.Dict):
             out: dict[str, Any] = {}
             for key, item in zip(node.keys, node.values, strict=True):
@@ -168,7 +216,7 @@ class _Converter:
                     raise self.bad(where, "a dict whose keys are not all strings")
                 if key.value in out:
                     raise self.bad(where, f"a dict with the key {key.value!r} twice")
-                out[key.value] = self.value(item, f"{where}[{key.value!r}]")
+                out[key.value] = self.value(item, f"{where}[{key.value!r}]", depth + 1)
             return out
         if isinstance(node, ast.JoinedStr) and all(isinstance(v, ast.Constant) for v in node.values):
             return "".join(str(v.value) for v in node.values if isinstance(v, ast.Constant))
@@ -230,7 +278,7 @@ def _call_from_statement(stmt: ast.stmt, lines: list[str]) -> Call:
         what = _NODE_WORDS.get(type(func), "an expression")
         raise _reject(f"The function being called is {what}; call a tool by its bare name.", "callee")
     tool = _checked_name(func.id, _name_at(lines, func, func.id), "tool name")
-    conv = _Converter(lines)
+    conv = _Converter()
     args: list[Any] = []
     for i, arg in enumerate(node.args):
         if isinstance(arg, ast.Starred):
@@ -265,12 +313,15 @@ def _check_against_tools(call: Call, tools: Mapping[str, ToolSpec]) -> ToolSpec:
 
 
 def _statements(text: str) -> tuple[list[ast.stmt], list[str]]:
-    cleaned = strip_markup(text) if isinstance(text, str) else None
-    if cleaned is None:
+    if not isinstance(text, str):
         raise CallRejected(f"Expected text, got {type(text).__name__}. {EXPECTED_SHAPE}", "type")
+    _check_length(text)  # the whole reply, before any regex or the parser sees it
+    cleaned = strip_markup(text)
     module = _parse_module(cleaned)
     if not module.body:
-        raise CallRejected(f"Your reply holds no call (only comments or whitespace). {EXPECTED_SHAPE}", "empty")
+        raise CallRejected(
+            f"Your reply holds no call (only comments or whitespace). {EXPECTED_SHAPE}", "empty"
+        )
     return module.body, cleaned.split("\n")
 
 
@@ -278,7 +329,9 @@ def parse_call(text: str, tools: Mapping[str, ToolSpec] | None = None) -> Call:
     """Parse exactly one call. With ``tools``, the tool must exist and the arguments must bind."""
     body, lines = _statements(text)
     if len(body) > 1:
-        raise _reject(f"Your reply holds {len(body)} statements; send exactly one call per reply.", "multiple")
+        raise _reject(
+            f"Your reply holds {len(body)} statements; send exactly one call per reply.", "multiple"
+        )
     call = _call_from_statement(body[0], lines)
     if tools is not None:
         _check_against_tools(call, tools)

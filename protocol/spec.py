@@ -60,7 +60,7 @@ class ToolSpec(BaseModel):
         timeout: float | None = None,
         name: str | None = None,
     ) -> ToolSpec:
-        sig = inspect.signature(fn)
+        sig = _signature(fn)
         params = [
             Param(name=p.name, kind=_KINDS[p.kind], required=p.default is inspect.Parameter.empty)
             for p in sig.parameters.values()
@@ -127,6 +127,16 @@ class ToolSpec(BaseModel):
     def _expected(self) -> str:
         names = [p.name for p in self.params if not p.kind.startswith("var_")]
         return f"; its parameters are: {', '.join(names)}" if names else "; it takes no arguments"
+
+
+def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """The signature with string annotations resolved, so a tool module that uses
+    ``from __future__ import annotations`` shows ``path: str`` (not ``path: 'str'``) and gets a typed
+    schema; as written when a name does not resolve."""
+    try:
+        return inspect.signature(fn, eval_str=True)
+    except Exception:
+        return inspect.signature(fn)
 
 
 def _json_schema(fn_name: str, sig: inspect.Signature) -> dict[str, Any]:

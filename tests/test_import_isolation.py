@@ -1,0 +1,154 @@
+"""The dependency direction ``controller -> protocol <- executor`` holds.
+
+A hardened executor image should stay small, so the executor never imports the controller or the model
+stack (litellm, langchain, langgraph); the protocol imports neither side. Checked twice: by importing
+in a fresh interpreter and looking at ``sys.modules``, and statically over the source files (so an
+import hidden in a function body that the first check never runs is caught too).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_STACK = ("litellm", "langchain", "langgraph")  # prefixes: langchain_core, langgraph_prebuilt, ...
+
+
+def _is_forbidden(module: str, forbidden: tuple[str, ...]) -> bool:
+    top = module.split(".")[0]
+    return any(top == name or (name in MODEL_STACK and top.startswith(name)) for name in forbidden)
+
+
+def _modules_after(code: str) -> list[str]:
+    """The names in ``sys.modules`` after running ``code`` in a fresh interpreter at the project root."""
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r})\n{probe}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    modules: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return modules
+
+
+def test_forbidden_name_matching() -> None:
+    forbidden = ("controller", *MODEL_STACK)
+    assert _is_forbidden("langchain_core.messages", forbidden)
+    assert _is_forbidden("langgraph", forbidden)
+    assert _is_forbidden("controller.client", forbidden)
+    assert not _is_forbidden("controllers_of_my_own", ("controller",))
+    assert not _is_forbidden("executor", forbidden)
+
+
+EVERY_EXECUTOR_MODULE = (
+    "import importlib, pkgutil, executor\n"
+    "for m in pkgutil.walk_packages(executor.__path__, 'executor.'):\n"
+    "    importlib.import_module(m.name)"
+)
+
+
+@pytest.mark.parametrize(
+    ("code", "expected", "forbidden"),
+    [
+        pytest.param("import executor", "executor", ("controller", *MODEL_STACK), id="executor"),
+        pytest.param(EVERY_EXECUTOR_MODULE, "executor.supervisor", ("controller", *MODEL_STACK), id="executor-all"),
+        pytest.param("import protocol", "protocol", ("executor", "controller", *MODEL_STACK), id="protocol"),
+    ],
+)
+def test_import_pulls_in_nothing_forbidden(code: str, expected: str, forbidden: tuple[str, ...]) -> None:
+    modules = _modules_after(code)
+    assert expected in modules
+    assert [m for m in modules if _is_forbidden(m, forbidden)] == []
+
+
+def test_the_probe_would_see_a_leak() -> None:
+    """Guard against a probe that can never fail: a model-stack module in sys.modules is seen."""
+    modules = _modules_after("import sys, types\nsys.modules['langchain_core'] = types.ModuleType('langchain_core')")
+    assert [m for m in modules if _is_forbidden(m, MODEL_STACK)] == ["langchain_core"]
+
+
+def _imported_modules(path: Path, package: str) -> list[tuple[int, str]]:
+    """Every module ``path`` imports, anywhere in the file: ``import``/``from`` statements (relative
+    ones resolved) and ``importlib.import_module("...")``/``__import__("...")`` with a literal name."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: max(0, len(package.split(".")) - node.level + 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+                if node.module is None:
+                    found += [(node.lineno, ".".join([*base, alias.name])) for alias in node.names]
+                else:
+                    found.append((node.lineno, target))
+            else:
+                found.append((node.lineno, node.module or ""))
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            first = node.args[0]
+            if name in ("import_module", "__import__") and isinstance(first, ast.Constant):
+                found.append((node.lineno, str(first.value)))
+    return [(line, module.lstrip(".")) for line, module in found]
+
+
+def _package_of(path: Path) -> str:
+    """The package relative imports in ``path`` start from (``__package__``)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts.pop()  # the module itself; for an __init__ the rest is the package too
+    return ".".join(parts)
+
+
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [
+        pytest.param("executor", ("controller", *MODEL_STACK), id="executor"),
+        pytest.param("protocol", ("executor", "controller", *MODEL_STACK), id="protocol"),
+    ],
+)
+def test_no_source_file_imports_a_forbidden_module(package: str, forbidden: tuple[str, ...]) -> None:
+    files = sorted((ROOT / package).rglob("*.py"))
+    assert files, f"no sources under {package}/"
+    offending = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for path in files
+        for line, module in _imported_modules(path, _package_of(path))
+        if _is_forbidden(module, forbidden)
+    ]
+    assert offending == []
+
+
+def test_the_static_check_finds_every_import_form(tmp_path: Path) -> None:
+    source = tmp_path / "sample.py"
+    source.write_text(
+        "import os, litellm\n"
+        "from langchain_core.messages import AIMessage\n"
+        "def later():\n"
+        "    import controller.client\n"
+        "    from .. import controller\n"
+        "    importlib.import_module('langgraph.prebuilt')\n"
+        "    __import__('litellm')\n"
+    )
+    modules = sorted(m for _, m in _imported_modules(source, "executor.toolkits"))
+    assert modules == [
+        "controller.client",
+        "executor.controller",  # relative: executor's own module of that name, not the controller
+        "langchain_core.messages",
+        "langgraph.prebuilt",
+        "litellm",
+        "litellm",
+        "os",
+    ]
+    forbidden = ("controller", *MODEL_STACK)
+    assert [m for m in modules if _is_forbidden(m, forbidden)] == modules[:1] + modules[2:6]
