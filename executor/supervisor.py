@@ -148,6 +148,7 @@ class Supervisor:
         self.specs = {s["name"]: ToolSpec.model_validate(s) for s in first["specs"]}
 
     def serve(self) -> int:
+        parent_fd = self._watch_parent()  # first: a dead parent must not leave a socket file behind
         self.start_template()
         ctx = zmq.Context()
         sock = ctx.socket(zmq.ROUTER)
@@ -170,7 +171,8 @@ class Supervisor:
         self.poller.register(sock, zmq.POLLIN)
         self.poller.register(self.template.fileno() if self.template else -1, zmq.POLLIN)
         self.poller.register(wake_r, zmq.POLLIN)
-        parent_fd = self._watch_parent()
+        if parent_fd is not None:
+            self.poller.register(parent_fd, zmq.POLLIN)
         for slot in self.slots:
             self._spawn(slot)
         log.info(
@@ -188,11 +190,9 @@ class Supervisor:
         if not self.parent_pid:
             return None
         try:
-            fd = os.pidfd_open(self.parent_pid)
+            return os.pidfd_open(self.parent_pid)
         except ProcessLookupError:
             raise StartupError(f"parent process {self.parent_pid} is not running") from None
-        self.poller.register(fd, zmq.POLLIN)
-        return fd
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.stopping = True
@@ -425,8 +425,10 @@ class Supervisor:
             finally:
                 slot.chan.setblocking(False)
 
-    def _on_output(self, slot: Slot, fd: int, what: str) -> bool:
-        """Read one chunk of a worker's stdout/stderr; return whether anything was read."""
+    def _on_output(self, slot: Slot, fd: int, what: str, running: bool = True) -> bool:
+        """Read one chunk of a worker's stdout/stderr; return whether anything was read. Over the
+        cap, the call's outcome becomes ``output_limit``; the worker is killed only while it is still
+        ``running`` the call (once it has replied, there is nothing left to stop)."""
         job = slot.job
         cap = (job.limits if job else self.limits).max_output_kb * 1024
         try:
@@ -445,8 +447,10 @@ class Supervisor:
         buf += data[: max(0, room)]
         if len(data) > room and job.outcome is None:
             job.outcome = Result.failure(job.call_id, "output_limit",
-                                         f"the tool wrote more than {cap // 1024} KB to {what}; it was stopped")
-            self._kill(slot, f"{what} over {cap // 1024} KB")
+                                         f"the tool wrote more than {cap // 1024} KB to {what}"
+                                         + ("; it was stopped" if running else ""))
+            if running:
+                self._kill(slot, f"{what} over {cap // 1024} KB")
         return True
 
     def _drain_output(self, slot: Slot) -> None:
@@ -455,7 +459,7 @@ class Supervisor:
             for _ in range(4096):  # bounded: a leftover writer cannot keep us here
                 if fd not in self.fd_owner or slot.job is None or slot.job.outcome is not None:
                     break
-                if not self._on_output(slot, fd, what):
+                if not self._on_output(slot, fd, what, running=False):
                     break
 
     def _on_worker(self, slot: Slot) -> None:
@@ -472,10 +476,14 @@ class Supervisor:
                 continue
             self._drain_output(slot)
             slot.job = None
-            replace = not reply.get("ok") and reply.get("error", {}).get("kind") == "memory"
-            if replace:
+            if not reply.get("ok") and reply.get("error", {}).get("kind") == "memory":
                 slot.killed = True  # the worker exits after this reply; give it no more calls
-            result = self._result_from_reply(job, slot, reply, restarted=replace)
+            result = self._result_from_reply(job, slot, reply, restarted=slot.killed)
+            if job.outcome is not None:
+                # Decided here before the reply was read (output over the cap found while draining,
+                # or a deadline or cancel that raced the reply): that decision is the answer.
+                result = job.outcome.model_copy(update={
+                    k: getattr(result, k) for k in ("worker", "stats", "limits", "executor", "stdout", "stderr")})
             self._finish(job, result)
         if closed:
             self._unregister(slot.chan.fileno() if slot.chan else -1)
@@ -519,7 +527,17 @@ class Supervisor:
                     f"the tool ran past its {job.limits.timeout_s:g} s time limit and was killed")
                 self._kill(slot, f"call {job.call_id} timed out")
             if slot.closed_at and now >= slot.closed_at + EXIT_STATUS_WAIT:
-                self._worker_gone(slot, 0, None)
+                if slot.pid and not slot.killed:
+                    # The channel is gone but the process is not (a tool closed inherited fds): it can
+                    # never answer again, so kill it and let the template report its death.
+                    if job is not None and job.outcome is None:
+                        job.outcome = Result.failure(
+                            job.call_id, "crashed",
+                            "the tool closed the worker's channel to the executor; the worker was killed")
+                    self._kill(slot, "its channel closed but it did not exit")
+                    slot.closed_at = now
+                else:
+                    self._worker_gone(slot, 0, None)
 
     def _worker_gone(self, slot: Slot, sig: int, code: int | None) -> None:
         """The worker process is dead: finish its call, free its slot, make a new one."""

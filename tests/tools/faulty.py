@@ -200,3 +200,52 @@ def slow_with_own_timeout() -> None:
 def flagged(x: int) -> int:
     """A tool with every flag."""
     return x
+
+
+@tool
+def nap(seconds: float = 0.2) -> float:
+    """Sleep a while, then return how long."""
+    time.sleep(seconds)
+    return seconds
+
+
+@tool
+def append_line(path: str, text: str = "ran", then_sleep: float = 0.0) -> int:
+    """Append a line to a file (a side effect visible outside the executor), optionally sleep, and
+    return how many lines the file holds now."""
+    with open(path, "a") as f:
+        f.write(text + "\n")
+    time.sleep(then_sleep)
+    with open(path) as f:
+        return len(f.readlines())
+
+
+@tool
+def print_then_return(kb: int = 300) -> str:
+    """Write ``kb`` KB to stdout as fast as possible, then return at once."""
+    sys.stdout.write("z" * (kb * 1024))
+    sys.stdout.flush()
+    return "returned"
+
+
+@tool
+def close_channel_then_sleep() -> None:
+    """Close every inherited descriptor above stderr (as daemonising code does), then hang."""
+    os.closerange(3, 65536)
+    time.sleep(3600)
+
+
+@tool
+def daemon_then_sleep(path: str) -> None:
+    """Double-fork a daemon, write its pid to ``path`` (the sign that the call is running), and hang."""
+    pid = daemon()
+    with open(path + ".tmp", "w") as f:
+        f.write(str(pid))
+    os.rename(path + ".tmp", path)
+    time.sleep(3600)
+
+
+@tool(idempotent=True)
+def idempotent_append(path: str, text: str = "ran", then_sleep: float = 0.0) -> int:
+    """``append_line`` flagged idempotent: a client may run it again after its executor died."""
+    return append_line(path, text, then_sleep)

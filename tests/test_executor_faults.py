@@ -1,0 +1,502 @@
+"""The fault suite: a real executor on a real ipc socket survives every way a tool can misbehave.
+
+For each misbehaving tool in ``tests/tools/faulty.py`` it checks the error kind (or the value, where
+the tool succeeds), that the executor still answers a ping, that the next call succeeds (on a fresh
+worker where the faulting one had to be replaced), and that nothing the tool started is left: the
+executor's process tree is exactly supervisor, template and worker afterwards. The whole sequence
+runs three times in a row in one executor, so recovery is shown to be repeatable, not a one-off.
+
+The rest of the file drives the wire directly (a raw DEALER with ``protocol.encode``/``decode``):
+at-most-once for repeated call ids, pings while every worker is stuck, malformed frames, cancel,
+the queue bound, and the per-call plumbing (state, output capture, signals, timeouts).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import zmq
+
+from controller import ExecutorClient, LocalExecutor
+from protocol import (
+    MAX_FRAME_BYTES,
+    VERSION,
+    Body,
+    Call,
+    Cancel,
+    Message,
+    Ping,
+    Pong,
+    Result,
+    Signal,
+    decode,
+    encode,
+)
+
+FAULTY = str(Path(__file__).parent / "tools" / "faulty.py")
+TIMEOUT = 2.0  # the executor's default wall-clock limit
+HANG_TIMEOUT = 1.0  # the hanging tools are called with this shorter limit of their own
+GRACE = 1.0  # how late after its limit a hung call may be answered, on a loaded 2-core machine
+OUTPUT_KB = 256
+MEMORY_MB = 300
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie is dead: it only waits to be reaped)."""
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def live_tree(local: LocalExecutor) -> dict[int, psutil.Process]:
+    """Every live process of the executor: the supervisor and all its descendants."""
+    assert local.proc is not None
+    root = psutil.Process(local.proc.pid)
+    return {p.pid: p for p in [root, *root.children(recursive=True)] if _alive(p.pid)}
+
+
+def assert_tree_is_supervisor_template_and(local: LocalExecutor, worker_pid: int) -> None:
+    tree = live_tree(local)
+    assert local.proc is not None
+    supervisor = tree.pop(local.proc.pid)
+    template = [p for p in tree.values() if p.ppid() == supervisor.pid]
+    assert len(template) == 1, f"the supervisor has children {template}, expected only the template"
+    tree.pop(template[0].pid)
+    assert list(tree) == [worker_pid], (
+        f"besides supervisor and template the executor holds {[(p.pid, p.cmdline()) for p in tree.values()]}, "
+        f"expected only the worker {worker_pid}")
+
+
+class Wire:
+    """Raw DEALER sockets on an executor's endpoint: what a client sends, without the client."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.ctx = zmq.Context()
+        self.socks: list[zmq.Socket[bytes]] = []
+
+    def socket(self) -> zmq.Socket[bytes]:
+        sock: zmq.Socket[bytes] = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.endpoint)
+        self.socks.append(sock)
+        return sock
+
+    @staticmethod
+    def send(sock: zmq.Socket[bytes], msg: Body | list[bytes]) -> None:
+        sock.send_multipart(msg if isinstance(msg, list) else encode(msg))
+
+    @staticmethod
+    def receive(sock: zmq.Socket[bytes], within: float = 5.0) -> Message | None:
+        """The next message on ``sock`` within ``within`` seconds, else None."""
+        if not sock.poll(int(within * 1000), zmq.POLLIN):
+            return None
+        return decode(sock.recv_multipart())
+
+    def ask(self, sock: zmq.Socket[bytes], msg: Body | list[bytes], within: float = 5.0) -> Message | None:
+        self.send(sock, msg)
+        return self.receive(sock, within)
+
+    def ping(self, within: float = 1.0) -> Pong:
+        """Ping on a fresh socket; fail unless a pong comes back within ``within`` seconds."""
+        nonce = int(time.monotonic_ns() % 2**31)
+        reply = self.ask(self.socket(), Ping(nonce=nonce), within)
+        assert isinstance(reply, Pong), f"no pong within {within} s (got {reply!r})"
+        assert reply.nonce == nonce
+        return reply
+
+    def close(self) -> None:
+        for sock in self.socks:
+            sock.close(0)
+        self.ctx.term()
+
+
+def call_id() -> str:
+    return uuid.uuid4().hex
+
+
+@pytest.fixture(scope="module")
+def executor() -> Iterator[LocalExecutor]:
+    """One executor for the whole module: one worker, so "the next call" always lands on the slot
+    the faulting call used."""
+    local = LocalExecutor(tools=[FAULTY], timeout=TIMEOUT, memory_mb=MEMORY_MB, max_output_kb=OUTPUT_KB)
+    local.start()
+    yield local
+    local.stop()
+
+
+@pytest.fixture
+def client(executor: LocalExecutor) -> ExecutorClient:
+    assert executor.client is not None
+    return executor.client
+
+
+@pytest.fixture
+def wire(executor: LocalExecutor) -> Iterator[Wire]:
+    w = Wire(executor.endpoint)
+    yield w
+    w.close()
+
+
+# ---------------------------------------------------------------------------------------- the cast
+
+
+@dataclass(frozen=True)
+class Fault:
+    tool: str
+    kind: str | None  # the error kind; None: the call succeeds
+    replaced: bool  # the worker must be replaced after this call
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    timeout: float | None = None
+    check: Callable[[Result], None] | None = None  # more about the result
+    leftovers: Callable[[Result], list[int]] | None = None  # pids the tool started, which must be gone
+
+    def __str__(self) -> str:
+        return self.tool
+
+
+def _error_type(expected: str) -> Callable[[Result], None]:
+    def check(r: Result) -> None:
+        assert r.error is not None and r.error.type == expected, r.error
+        assert r.error.traceback, "a tool_error carries a traceback"
+
+    return check
+
+
+def _crashed_by(sig: int) -> Callable[[Result], None]:
+    def check(r: Result) -> None:
+        assert r.error is not None and r.error.signal == sig, r.error
+
+    return check
+
+
+def _exit_code_7(r: Result) -> None:
+    assert r.error is not None and "code 7" in r.error.message, r.error
+
+
+def _stdout_capped(r: Result) -> None:
+    assert len(r.stdout) == OUTPUT_KB * 1024, "stdout is kept up to the cap, not beyond"
+
+
+def _repr_of_set(r: Result) -> None:
+    assert r.value == "{1, 2, 3}" and r.value_is_repr
+
+
+def _empty_stdin(r: Result) -> None:
+    assert r.value == "" and not r.value_is_repr
+    assert r.stats is not None and r.stats.wall_s < 1.0, "reading stdin gets EOF at once"
+
+
+def _boom(r: Result) -> None:
+    _error_type("ValueError")(r)
+    assert r.error is not None and r.error.message == "boom"
+    assert r.error.traceback is not None and "raise ValueError(message)" in r.error.traceback
+
+
+def _returned_pids(r: Result) -> list[int]:
+    value = r.value
+    pids = value if isinstance(value, list) else [value]
+    assert all(isinstance(p, int) and p > 1 for p in pids), value
+    return pids
+
+
+def _returned_200_pids(r: Result) -> list[int]:
+    pids = _returned_pids(r)
+    assert len(set(pids)) == 200
+    return pids
+
+
+FAULTS = [
+    Fault("sleep_forever", "timeout", True, timeout=HANG_TIMEOUT),
+    Fault("busy_loop", "timeout", True, timeout=HANG_TIMEOUT),
+    Fault("ignore_sigterm_then_sleep", "timeout", True, timeout=HANG_TIMEOUT),
+    Fault("allocate_forever", "memory", True),
+    Fault("segfault", "crashed", True, check=_crashed_by(11)),
+    Fault("hard_exit", "crashed", True, check=_exit_code_7),
+    Fault("sys_exit", "tool_error", False, check=_error_type("SystemExit")),
+    Fault("keyboard_interrupt", "tool_error", False, check=_error_type("KeyboardInterrupt")),
+    Fault("recurse", "tool_error", False, check=_error_type("RecursionError")),
+    Fault("print_flood", "output_limit", True, check=_stdout_capped),
+    Fault("huge_string", "output_limit", False),
+    Fault("unpackable", None, False, check=_repr_of_set),
+    Fault("read_stdin", None, False, check=_empty_stdin),
+    Fault("daemon", None, False, leftovers=_returned_pids),
+    Fault("fork_children", None, False, leftovers=_returned_200_pids),
+    Fault("fail", "tool_error", False, check=_boom),
+]
+ROUNDS = 3
+
+
+@pytest.mark.parametrize(
+    ("round_", "fault"),
+    [(r, f) for r in range(ROUNDS) for f in FAULTS],
+    ids=[f"round{r}-{f.tool}" for r in range(ROUNDS) for f in FAULTS],
+)
+def test_executor_survives_misbehaving_tool(
+    round_: int, fault: Fault, executor: LocalExecutor, client: ExecutorClient, wire: Wire
+) -> None:
+    before = client.call(Call(tool="counter"))
+    assert before.ok and before.worker is not None
+
+    started = time.monotonic()
+    result = client.call(Call(tool=fault.tool, kwargs=fault.kwargs), timeout=fault.timeout)
+    elapsed = time.monotonic() - started
+
+    if fault.kind is None:
+        assert result.ok, result.error
+    else:
+        assert not result.ok and result.error is not None
+        assert result.error.kind == fault.kind, result.error
+    if fault.check is not None:
+        fault.check(result)
+    limit = fault.timeout or TIMEOUT
+    assert elapsed < limit + GRACE, f"answered after {elapsed:.2f} s, limit {limit} s"
+    assert result.worker is not None and result.worker.pid == before.worker.pid
+    assert result.worker.restarted is fault.replaced
+
+    wire.ping()  # the executor still answers
+
+    after = client.call(Call(tool="counter"))
+    assert after.ok and after.worker is not None, after.error
+    if fault.replaced:
+        assert after.worker.pid != before.worker.pid
+        assert after.worker.incarnation == before.worker.incarnation + 1
+        assert after.value == 1, "a fresh worker starts with fresh module state"
+    else:
+        assert after.worker.pid == before.worker.pid
+        assert after.worker.incarnation == before.worker.incarnation
+        assert after.value == before.value + 1, "module state persists on the same worker"
+
+    if fault.leftovers is not None:
+        leaked = [pid for pid in fault.leftovers(result) if _alive(pid)]
+        assert not leaked, f"{len(leaked)} processes the tool started outlived the call: {leaked[:5]}"
+    assert_tree_is_supervisor_template_and(executor, after.worker.pid)
+
+
+# --------------------------------------------------------------------------------- at most once
+
+
+def test_a_repeated_call_id_is_answered_from_cache_and_runs_once(wire: Wire) -> None:
+    sock = wire.socket()
+    cid = call_id()
+    first = wire.ask(sock, Call(id=cid, tool="counter"))
+    assert isinstance(first, Result) and first.ok and first.id == cid
+    again = wire.ask(sock, Call(id=cid, tool="counter"))
+    assert isinstance(again, Result) and again.id == cid
+    assert again.value == first.value, "the duplicate must not run the tool again"
+    fresh = wire.ask(sock, Call(id=call_id(), tool="counter"))
+    assert isinstance(fresh, Result) and fresh.value == first.value + 1
+
+
+def test_a_duplicate_sent_while_the_call_runs_joins_it(wire: Wire, tmp_path: Path) -> None:
+    log = tmp_path / "side-effect.log"
+    cid = call_id()
+    call = Call(id=cid, tool="append_line", kwargs={"path": str(log), "then_sleep": 0.5})
+    first, resend = wire.socket(), wire.socket()  # a resend comes from a new socket (Lazy Pirate)
+    wire.send(first, call)
+    deadline = time.monotonic() + 5
+    while not log.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert log.exists(), "the call did not start"
+    wire.send(resend, call)
+    a, b = wire.receive(first), wire.receive(resend)
+    assert isinstance(a, Result) and isinstance(b, Result)
+    assert a.ok and a.id == b.id == cid and a.value == b.value == 1
+    assert log.read_text() == "ran\n", "the call ran more than once"
+
+
+# ------------------------------------------------------------------------------- the supervisor
+
+
+def test_pings_are_answered_while_every_worker_is_stuck(make_client: Callable[..., ExecutorClient]) -> None:
+    client = make_client(tools=[FAULTY], workers=2, timeout=30)
+    wire = Wire(client.local.endpoint)  # type: ignore[attr-defined]
+    try:
+        stuck = [client.submit(Call(tool="sleep_forever")) for _ in range(2)]
+        deadline = time.monotonic() + 5
+        while wire.ping().busy < 2:
+            assert time.monotonic() < deadline, "the two calls never both started"
+        for _ in range(5):
+            started = time.monotonic()
+            pong = wire.ping(within=0.5)
+            assert time.monotonic() - started < 0.5
+            assert pong.busy == 2 and pong.queued == 0
+        assert not any(f.done() for f in stuck)
+    finally:
+        wire.close()
+
+
+MALFORMED = {
+    "wrong version": [b"ciayn/0", b"ping", encode(Ping())[2]],
+    "unknown kind": [VERSION, b"launch", encode(Ping())[2]],
+    "garbage body": [VERSION, b"call", b"\xc1\xff\x00garbage"],
+    "body not a map": [VERSION, b"call", b"\x93\x01\x02\x03"],
+    "two frames": [VERSION, b"ping"],
+    "four frames": [*encode(Ping()), b"extra"],
+    "call without id": encode(Call(tool="noop")),
+    "call with wrong field": [VERSION, b"call", b"\x82\xa2id\xa1x\xa4tool\x07"],
+    "result sent to executor": encode(Result(id="x", ok=True)),
+    "oversized body": [VERSION, b"call", b"\x00" * (MAX_FRAME_BYTES + 1)],
+}
+
+
+@pytest.mark.parametrize("frames", list(MALFORMED.values()), ids=list(MALFORMED))
+def test_malformed_frames_get_protocol_errors_and_the_executor_keeps_serving(
+    frames: list[bytes], wire: Wire
+) -> None:
+    sock = wire.socket()
+    reply = wire.ask(sock, frames)
+    assert isinstance(reply, Result), f"no protocol error reply (got {reply!r})"
+    assert not reply.ok and reply.error is not None and reply.error.kind == "protocol"
+    assert reply.error.message
+    cid = call_id()
+    ok = wire.ask(sock, Call(id=cid, tool="echo", args=["still here"]))
+    assert isinstance(ok, Result) and ok.ok and ok.id == cid and ok.value == "still here"
+
+
+def test_a_frame_over_the_socket_size_limit_drops_only_that_connection(wire: Wire) -> None:
+    wire.send(wire.socket(), [VERSION, b"call", b"\x00" * (MAX_FRAME_BYTES + 64 * 1024)])
+    wire.ping()
+    sock = wire.socket()
+    ok = wire.ask(sock, Call(id=call_id(), tool="echo", args=[1]))
+    assert isinstance(ok, Result) and ok.ok and ok.value == 1
+
+
+def test_cancel_of_a_running_call_answers_cancelled_and_replaces_the_worker(
+    client: ExecutorClient, wire: Wire
+) -> None:
+    before = client.call(Call(tool="whoami"))
+    cid = call_id()
+    future = client.submit(Call(id=cid, tool="sleep_forever"), timeout=20)
+    deadline = time.monotonic() + 5
+    while wire.ping().busy < 1:
+        assert time.monotonic() < deadline, "the call never started"
+    started = time.monotonic()
+    client.cancel(cid)
+    result = future.result(timeout=5)
+    assert time.monotonic() - started < 1.0
+    assert result.id == cid and not result.ok and result.error is not None
+    assert result.error.kind == "cancelled"
+    assert result.worker is not None and result.worker.restarted
+    after = client.call(Call(tool="whoami"))
+    assert after.ok and after.value != before.value, "the cancelled call's worker was not replaced"
+
+
+def test_cancel_of_a_queued_call_answers_cancelled_without_running_it(
+    client: ExecutorClient, wire: Wire, tmp_path: Path
+) -> None:
+    log = tmp_path / "queued.log"
+    running = client.submit(Call(tool="nap", kwargs={"seconds": 0.5}))
+    queued = Call(id=call_id(), tool="append_line", kwargs={"path": str(log)})
+    future = client.submit(queued)
+    deadline = time.monotonic() + 5
+    while wire.ping().queued < 1:
+        assert time.monotonic() < deadline, "the second call was never queued"
+    client.cancel(queued.id or "")
+    result = future.result(timeout=5)
+    assert result.error is not None and result.error.kind == "cancelled"
+    assert running.result(timeout=5).ok
+    assert not log.exists(), "a cancelled queued call must not run"
+
+
+def test_a_call_beyond_the_queue_bound_is_unavailable(make_client: Callable[..., ExecutorClient]) -> None:
+    client = make_client(tools=[FAULTY], workers=1, max_queue=1)
+    assert client.call(Call(tool="noop")).ok  # the worker is up and idle
+    running = client.submit(Call(tool="nap", kwargs={"seconds": 0.5}))
+    queued = client.submit(Call(tool="nap", kwargs={"seconds": 0.0}))
+    refused = client.submit(Call(tool="noop")).result(timeout=5)
+    assert refused.error is not None and refused.error.kind == "unavailable", refused
+    assert "queue is full" in refused.error.message
+    assert not running.done(), "the refusal must come at once, not after the queue drained"
+    assert running.result(timeout=5).ok and queued.result(timeout=5).ok
+
+
+# -------------------------------------------------------------------------- per-call plumbing
+
+
+def test_module_state_persists_across_calls_until_the_worker_is_replaced(client: ExecutorClient) -> None:
+    first = client.call(Call(tool="counter")).value
+    assert [client.call(Call(tool="counter")).value for _ in range(3)] == [first + 1, first + 2, first + 3]
+    crash = client.call(Call(tool="segfault"))
+    assert crash.worker is not None and crash.worker.restarted
+    assert [client.call(Call(tool="counter")).value for _ in range(2)] == [1, 2]
+
+
+def test_stdout_and_stderr_are_captured_per_call(client: ExecutorClient) -> None:
+    a = client.call(Call(tool="shout", args=["first"]))
+    b = client.call(Call(tool="shout", args=["second"]))
+    assert (a.stdout, a.stderr, a.value) == ("first\n", "err:first\n", "first")
+    assert (b.stdout, b.stderr) == ("second\n", "err:second\n")
+    quiet = client.call(Call(tool="noop"))
+    assert (quiet.stdout, quiet.stderr) == ("", "")
+
+
+def test_output_over_the_cap_is_an_output_limit_even_when_the_tool_returns_at_once(
+    client: ExecutorClient,
+) -> None:
+    """The tool has finished writing (and replied) before the supervisor reads the last chunk:
+    still ``output_limit``, and ``restarted`` tells the truth about the worker."""
+    for _ in range(5):
+        before = client.call(Call(tool="whoami"))
+        r = client.call(Call(tool="print_then_return", kwargs={"kb": OUTPUT_KB + 8}))
+        assert r.error is not None and r.error.kind == "output_limit", r
+        assert len(r.stdout) == OUTPUT_KB * 1024
+        after = client.call(Call(tool="whoami"))
+        assert r.worker is not None
+        assert r.worker.restarted is (after.value != before.value)
+
+
+def test_a_worker_that_closes_its_channel_is_killed_not_leaked(
+    executor: LocalExecutor, client: ExecutorClient
+) -> None:
+    pid = client.call(Call(tool="whoami")).value["pid"]
+    r = client.call(Call(tool="close_channel_then_sleep"), timeout=20)
+    assert r.error is not None and r.error.kind == "crashed", r
+    assert r.worker is not None and r.worker.restarted
+    assert r.stats is not None and r.stats.wall_s < 5
+    after = client.call(Call(tool="whoami"))
+    assert after.ok
+    assert not _alive(pid)
+    assert_tree_is_supervisor_template_and(executor, after.value["pid"])
+
+
+def test_signals_raised_by_a_tool_travel_back(client: ExecutorClient) -> None:
+    r = client.call(Call(tool="finish", args=["all done"]))
+    assert r.ok and r.signals == [Signal(kind="complete", message="all done")]
+    assert r.completed is not None and r.completed.message == "all done"
+    assert client.call(Call(tool="noop")).signals == [], "signals belong to the call that raised them"
+
+
+def test_a_tools_own_timeout_applies_and_a_calls_own_timeout_overrides_it(client: ExecutorClient) -> None:
+    started = time.monotonic()
+    own = client.call(Call(tool="slow_with_own_timeout"))
+    assert own.error is not None and own.error.kind == "timeout"
+    assert own.limits is not None and own.limits.timeout_s == 0.5
+    assert 0.5 <= time.monotonic() - started < 0.5 + GRACE
+
+    started = time.monotonic()
+    override = client.call(Call(tool="slow_with_own_timeout", timeout=1.2))
+    assert override.error is not None and override.error.kind == "timeout"
+    assert override.limits is not None and override.limits.timeout_s == 1.2
+    assert 1.2 <= time.monotonic() - started < 1.2 + GRACE
+
+    longer = client.call(Call(tool="nap", kwargs={"seconds": 0.3}, timeout=0.1))
+    assert longer.error is not None and longer.error.kind == "timeout", "a call may also shorten the limit"
+
+
+def test_a_cancel_for_an_unknown_id_is_ignored(wire: Wire) -> None:
+    sock = wire.socket()
+    wire.send(sock, Cancel(id="never-sent"))
+    assert wire.receive(sock, within=0.2) is None
+    wire.ping()

@@ -1,0 +1,255 @@
+"""``ciayn-executor serve`` as an operator meets it: help, start-up errors, the ready line, shutdown on
+a signal, and exiting with the process that started it. Every executor here is a real subprocess."""
+
+from __future__ import annotations
+
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from controller import ExecutorClient, LocalExecutor
+from executor.registry import load_tools
+from protocol import Call
+
+FAULTY = str(Path(__file__).parent / "tools" / "faulty.py")
+SERVE = [sys.executable, "-m", "executor.cli", "serve"]
+START_WITHIN = 30.0  # seconds for a start-up to fail or succeed, on a loaded machine
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_until_dead(pids: list[int], within: float = 5.0) -> list[int]:
+    """The pids still running after waiting up to ``within`` seconds for all of them to end."""
+    deadline = time.monotonic() + within
+    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return alive
+
+
+def tree(pid: int) -> list[int]:
+    root = psutil.Process(pid)
+    return [pid, *(p.pid for p in root.children(recursive=True))]
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short directory for ipc socket files (their paths are limited to about 100 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="ciayn-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def serve(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``serve`` to completion (only for runs that must stop by themselves)."""
+    return subprocess.run([*SERVE, *args], capture_output=True, text=True, timeout=START_WITHIN,
+                          stdin=subprocess.DEVNULL)
+
+
+def read_stderr_until(proc: subprocess.Popen[str], marker: str, within: float = START_WITHIN) -> str:
+    """The executor's stderr up to and including the first line holding ``marker``."""
+    assert proc.stderr is not None
+    seen = []
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if marker in line:
+            return "".join(seen)
+    raise AssertionError(f"no line with {marker!r} within {within} s; stderr so far:\n{''.join(seen)}")
+
+
+# --------------------------------------------------------------------------------------- help
+
+
+def test_serve_help_explains_every_option() -> None:
+    out = subprocess.run([*SERVE, "--help"], capture_output=True, text=True, timeout=START_WITHIN)
+    assert out.returncode == 0
+    for option in ("--tools", "--bind", "--workers", "--timeout", "--cpu-s", "--memory-mb", "--max-output-kb",
+                   "--max-result-kb", "--max-queue", "--profile", "--workspace", "--parent-pid"):
+        assert option in out.stdout, f"serve --help does not mention {option}"
+    assert "@executor.tool" in out.stdout and "examples:" in out.stdout
+
+
+def test_serve_without_tools_is_a_usage_error() -> None:
+    out = subprocess.run([*SERVE, "--bind", "ipc:///nonexistent/x.sock"], capture_output=True, text=True,
+                         timeout=START_WITHIN)
+    assert out.returncode == 2 and "--tools" in out.stderr
+
+
+# ----------------------------------------------------------------------------- start-up errors
+
+
+def _module(tmp_path: Path, name: str, source: str) -> str:
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    return str(path)
+
+
+FETCH_TOOL = "from executor import tool\n\n@tool\ndef fetch() -> int:\n    return 1\n"
+STARTUP_ERRORS: dict[str, tuple[Callable[[Path], list[str]], list[str]]] = {
+    "module raises at import": (
+        lambda d: ["--tools", _module(d, "broken", "raise RuntimeError('tool module exploded')\n")],
+        ["cannot start", "broken", "failed to import", "RuntimeError: tool module exploded"],
+    ),
+    "module calls sys.exit at import": (
+        lambda d: ["--tools", _module(d, "quitter", "import sys\nsys.exit(4)\n")],
+        ["cannot start", "quitter", "failed to import", "SystemExit"],
+    ),
+    "module crashes the interpreter at import": (
+        lambda d: ["--tools", _module(d, "crasher", "import ctypes\nctypes.string_at(0)\n")],
+        ["cannot start", "died while importing"],
+    ),
+    "nonexistent module path": (
+        lambda d: ["--tools", str(d / "missing_tools.py")],
+        ["cannot start", "missing_tools.py", "does not exist"],
+    ),
+    "nonexistent dotted module": (
+        lambda d: ["--tools", "no_such_package.tools"],
+        ["cannot start", "no_such_package", "ModuleNotFoundError"],
+    ),
+    "two modules with the same tool name": (
+        lambda d: ["--tools", _module(d, "first", FETCH_TOOL), "--tools", _module(d, "second", FETCH_TOOL)],
+        ["cannot start", "two tools are named 'fetch'", "first", "second"],
+    ),
+    "module without tools": (
+        lambda d: ["--tools", _module(d, "empty", "X = 1\n")],
+        ["cannot start", "no tools found"],
+    ),
+    "parent pid not running": (
+        lambda d: ["--tools", FAULTY, "--parent-pid", str(_dead_pid())],
+        ["cannot start", "parent process", "not running"],
+    ),
+}
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("case", list(STARTUP_ERRORS))
+def test_a_bad_start_stops_with_a_clear_message_and_leaves_nothing(case: str, tmp_path: Path, sock_dir: Path) -> None:
+    make_args, expected = STARTUP_ERRORS[case]
+    sock = sock_dir / "exec.sock"
+    out = serve("--bind", f"ipc://{sock}", *make_args(tmp_path))
+    assert out.returncode != 0
+    for text in expected:
+        assert text in out.stderr, f"{text!r} missing from stderr:\n{out.stderr}"
+    assert "Traceback" not in out.stderr, "a start-up error is a message, not a traceback"
+    assert not sock.exists(), "a failed start left its socket file behind"
+
+
+def test_an_endpoint_in_use_stops_start_up_with_a_clear_message() -> None:
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    first = subprocess.Popen([*SERVE, "--tools", FAULTY, "--bind", endpoint],
+                             stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        read_stderr_until(first, "serving")
+        out = serve("--tools", FAULTY, "--bind", endpoint)
+        assert out.returncode != 0
+        assert f"cannot bind {endpoint}" in out.stderr, out.stderr
+        with ExecutorClient(endpoint) as client:
+            assert client.call(Call(tool="noop")).ok, "the first executor must keep serving"
+    finally:
+        first.terminate()
+        assert first.wait(10) == 0
+
+
+def _free_port() -> int:
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+# ------------------------------------------------------------------------------ running and stopping
+
+
+def test_start_up_prints_the_endpoint_and_tool_count_on_stderr(sock_dir: Path) -> None:
+    endpoint = f"ipc://{sock_dir}/exec.sock"
+    proc = subprocess.Popen([*SERVE, "--tools", FAULTY, "--bind", endpoint, "--workers", "2"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        line = read_stderr_until(proc, "serving").splitlines()[-1]
+        assert endpoint in line
+        assert f"serving {len(load_tools([FAULTY]))} tools" in line
+        assert "workers: 2" in line
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    assert not (sock_dir / "exec.sock").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_cancels_the_running_call_and_leaves_nothing(
+    signum: int, make_client: Callable[..., ExecutorClient], tmp_path: Path
+) -> None:
+    client = make_client(tools=[FAULTY], workers=2)
+    local: LocalExecutor = client.local  # type: ignore[attr-defined]
+    assert local.proc is not None and local.dir is not None
+    marker = tmp_path / "daemon.pid"
+    running = client.submit(Call(tool="daemon_then_sleep", args=[str(marker)]))
+    deadline = time.monotonic() + 10
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the call never started"
+        time.sleep(0.01)
+    daemon_pid = int(marker.read_text())
+    pids = tree(local.proc.pid)
+    assert daemon_pid in pids
+    assert len(pids) == 5, f"expected supervisor, template, two workers and a daemon, got {pids}"
+
+    local.proc.send_signal(signum)
+    result = running.result(timeout=10)
+    assert result.error is not None and result.error.kind == "cancelled", result
+    assert local.proc.wait(10) == 0
+    assert not (local.dir / "executor.sock").exists(), "the ipc socket file was not removed"
+    assert wait_until_dead(pids) == []
+    assert "shutting down" in local.log_path.read_text()
+
+
+def test_the_executor_exits_when_its_parent_dies(sock_dir: Path) -> None:
+    """``--parent-pid``: started by an intermediate process that is then SIGKILLed (so it can clean
+    nothing up), the executor notices by itself and exits, taking its workers with it."""
+    endpoint = f"ipc://{sock_dir}/exec.sock"
+    starter = (
+        "import os, signal, subprocess, sys\n"
+        f"cmd = {[*SERVE, '--tools', FAULTY, '--bind', endpoint]!r} + ['--parent-pid', str(os.getpid())]\n"
+        "p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)\n"
+        "print(p.pid, flush=True)\n"
+        "signal.pause()\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        executor_pid = int(parent.stdout.readline())
+        with ExecutorClient(endpoint, connect_timeout=START_WITHIN) as client:
+            assert client.call(Call(tool="noop")).ok
+        pids = tree(executor_pid)
+        assert len(pids) == 3, f"expected supervisor, template and worker, got {pids}"
+    finally:
+        parent.kill()
+        parent.wait(10)
+    assert wait_until_dead(pids) == [], "the executor outlived the process that started it"
+    assert not Path(endpoint[len("ipc://"):]).exists()
