@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from protocol import split_think
+
 Message = Mapping[str, Any]
 """A chat message in OpenAI form: ``{"role": "user", "content": "..."}``."""
 
@@ -190,36 +192,8 @@ class Model(Protocol):
 # ---------------------------------------------------------------------------------------------
 # Content normalisation: the text to act on, and the reasoning that must never be acted on.
 
-_THINK_BLOCK = re.compile(r"<(think|thinking)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
-_THINK_OPEN = re.compile(r"<(think|thinking)>", re.IGNORECASE)
-_THINK_CLOSE = re.compile(r"</(think|thinking)>", re.IGNORECASE)
 _REASONING_BLOCKS = {"thinking", "reasoning", "redacted_thinking", "reasoning_content"}
 _TEXT_BLOCKS = {"text", "output_text"}
-
-
-def split_think(text: str) -> tuple[str, str]:
-    """Split ``<think>...</think>`` blocks (also ``<thinking>``) off ``text``: ``(rest, reasoning)``.
-
-    Every block is removed (non-greedy, so a call between two blocks survives); an unclosed block
-    makes the rest of the text reasoning (the model is still thinking); a closing tag without an
-    opening one (templates that open the block themselves) makes everything before it reasoning."""
-    thoughts: list[str] = []
-
-    def take(m: re.Match[str]) -> str:
-        thoughts.append(m.group(2))
-        return ""
-
-    rest = _THINK_BLOCK.sub(take, text)
-    opened = _THINK_OPEN.search(rest)
-    if opened:
-        thoughts.append(rest[opened.end() :])
-        rest = rest[: opened.start()]
-    closed = list(_THINK_CLOSE.finditer(rest))
-    if closed:
-        thoughts.insert(0, rest[: closed[-1].start()])
-        rest = rest[closed[-1].end() :]
-    reasoning = "\n\n".join(t.strip() for t in thoughts if t.strip())
-    return rest.strip(), reasoning
 
 
 def _block_field(block: Any, *names: str) -> Any:

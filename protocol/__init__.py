@@ -6,7 +6,7 @@ bodies and their codec. It imports nothing from ``controller`` or ``executor``. 
 
 from protocol.codec import MAX_FRAME_BYTES, VERSION, ProtocolError, decode, encode
 from protocol.fingerprint import fingerprint
-from protocol.grammar import CallRejected, parse_call, parse_calls, strip_markup
+from protocol.grammar import CallRejected, parse_call, parse_calls, split_think, strip_markup
 from protocol.messages import (
     ERROR_KINDS,
     Body,
@@ -65,5 +65,6 @@ __all__ = [
     "fingerprint",
     "parse_call",
     "parse_calls",
+    "split_think",
     "strip_markup",
 ]

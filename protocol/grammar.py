@@ -25,7 +25,7 @@ MAX_CALLS = 32  # calls in one bundle
 MAX_SEPARATORS = 2 * MAX_ELEMENTS + MAX_CALLS  # commas, semicolons, line breaks outside strings
 EXPECTED_SHAPE = 'Reply with exactly one call such as: tool_name(arg="value")'
 
-_THINK_TAG = re.compile(r"<(/?)think>", re.IGNORECASE)
+_THINK_TAG = re.compile(r"<(/?)(?:think|thinking)>", re.IGNORECASE)
 _FENCE = re.compile(r"^[ \t]*(```+|~~~+)[ \t]*([A-Za-z0-9_+\-.]*)[ \t]*$", re.MULTILINE)
 _ONE_LINE_FENCE = re.compile(r"^(```+|~~~+)(.*?)(?:\1)?$", re.DOTALL)
 _FENCE_LANGUAGE = re.compile(r"^(?:python3?|py|tool_code|tool|code)\s+(?=[A-Za-z_])", re.IGNORECASE)
@@ -84,16 +84,22 @@ def _reject(what: str, code: str, hint: str = EXPECTED_SHAPE) -> CallRejected:
     return CallRejected(f"{what} {hint}", code)
 
 
-def _strip_think(text: str) -> str:
-    """Remove the ``<think>...</think>`` blocks before and after the reply (each ends at its first
-    close tag), and everything from an unclosed leading ``<think>`` (the model is still thinking).
+def split_think(text: str) -> tuple[str, str]:
+    """Split the reasoning a model wraps around its reply off it: ``(reply, reasoning)``.
 
-    Only blocks at the edges go: a think tag inside a string argument is data. One pass over the
-    tags, so many tags cost linear time."""
+    Removes ``<think>...</think>`` (or ``<thinking>``) blocks before and after the reply (each ends at
+    its first close tag), everything from an unclosed leading open tag (the model is still
+    thinking), and everything before a leading close tag that has no open tag (chat templates that
+    open the block themselves). Only blocks at the edges go: a think tag inside a string argument
+    is data. One pass over the tags, so many tags cost linear time."""
     tags = list(_THINK_TAG.finditer(text))
     if not tags:
-        return text
+        return text, ""
+    thoughts: list[str] = []
     start, first = 0, 0  # text[start:] and tags[first:] are what remains
+    if tags[0].group(1):  # a close tag with no open tag before it
+        thoughts.append(text[: tags[0].start()])
+        start, first = tags[0].end(), 1
     while first < len(tags):
         while start < len(text) and text[start].isspace():
             start += 1
@@ -101,9 +107,12 @@ def _strip_think(text: str) -> str:
             break
         close = next((i for i in range(first + 1, len(tags)) if tags[i].group(1)), None)
         if close is None:
-            return ""
+            thoughts.append(text[tags[first].end() :])
+            return "", _join(thoughts)
+        thoughts.append(text[tags[first].end() : tags[close].start()])
         start, first = tags[close].end(), close + 1
     end, last = len(text), len(tags) - 1
+    trailing: list[str] = []
     while last >= first:
         while end > start and text[end - 1].isspace():
             end -= 1
@@ -112,8 +121,17 @@ def _strip_think(text: str) -> str:
         opening = next((i for i in range(last - 1, first - 1, -1) if not tags[i].group(1)), None)
         if opening is None:
             break
+        trailing.insert(0, text[tags[opening].end() : tags[last].start()])
         end, last = tags[opening].start(), opening - 1
-    return text[start:end]
+    return text[start:end].strip(), _join(thoughts + trailing)
+
+
+def _join(thoughts: list[str]) -> str:
+    return "\n\n".join(t.strip() for t in thoughts if t.strip())
+
+
+def _strip_think(text: str) -> str:
+    return split_think(text)[0]
 
 
 def strip_markup(text: str) -> str:
