@@ -180,7 +180,11 @@ def test_the_server_dies_with_its_parent(tmp_path: Path) -> None:
         """
     )
     parent = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=Path(__file__).parent.parent, text=True
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        cwd=Path(__file__).parent.parent,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # a killed parent cannot remove its config dir
+        text=True,
     )
     pid = None
     try:
