@@ -157,13 +157,15 @@ def main() -> int:
     print("| measurement | median | p90 |")
     print("|---|---|---|")
     print(f"| bare pyzmq echo | {results['echo']['median_us']:.0f} us | {results['echo']['p90_us']:.0f} us |")
-    for key, label in (("executor_raw", "no-op via executor (DEALER)"), ("executor_client", "no-op via ExecutorClient")):
+    labels = (("executor_raw", "no-op via executor (DEALER)"), ("executor_client", "no-op via ExecutorClient"))
+    for key, label in labels:
         print(f"| {label} | {results[key]['median_us']:.0f} us | {results[key]['p90_us']:.0f} us |")
     rep = results["replacement_after_crash_ms"]
     ovs = results["timeout_overshoot_ms"]
     print(f"| crash -> next call answered | {rep['median_us']:.1f} ms | {rep['p90_us']:.1f} ms |")
     print(f"| timeout answer past the deadline | {ovs['median_us']:.1f} ms | {ovs['p90_us']:.1f} ms |")
-    print(f"\nratio executor/echo: {results['ratio_raw_vs_echo']:.2f}x (client: {results['ratio_client_vs_echo']:.2f}x)")
+    ratio, client_ratio = results["ratio_raw_vs_echo"], results["ratio_client_vs_echo"]
+    print(f"\nratio executor/echo: {ratio:.2f}x (client: {client_ratio:.2f}x)")
     print(f"targets: {results['targets']}")
     print(f"written to {out}")
     return 0

@@ -14,7 +14,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from controller import ExecutorClient, LocalExecutor  # noqa: E402
+from controller import ExecutorClient, LocalExecutor
 
 TESTS = Path(__file__).parent
 FAULTY = str(TESTS / "tools" / "faulty.py")
