@@ -2,14 +2,16 @@
 
 Callers submit calls from any thread and get ``Future[Result]``. The I/O thread sends them, pings
 the executor every ``HEARTBEAT_INTERVAL`` whether or not calls are in flight, and follows the Lazy
-Pirate pattern when the executor falls silent: it reconnects with a fresh socket and resends the
-calls in flight under their same ids (the executor answers duplicates from its cache and never runs
-a call twice); after ``UNAVAILABLE_AFTER`` seconds of silence every call in flight is answered
-``unavailable``. A call with no answer by its deadline plus ``DEADLINE_GRACE`` is answered
-``timeout`` by the client (and cancelled on the executor). When the executor restarts (a new
-incarnation), calls that were in flight may or may not have run: idempotent tools are resent,
-others are answered ``unavailable`` saying so. The client never raises on executor trouble, except
-``tools()``, which has no result to carry the error and raises ``ExecutorUnavailable``.
+Pirate pattern when the executor falls silent: it reconnects with a fresh socket and, once the
+executor answers again as the same incarnation, resends the calls in flight under their same ids
+(the executor answers duplicates from its cache and never runs a call twice); after
+``UNAVAILABLE_AFTER`` seconds of silence every call in flight is answered ``unavailable``. A call
+with no answer by its deadline plus ``DEADLINE_GRACE`` is answered ``timeout`` by the client (and
+cancelled on the executor). When the executor restarts (a new incarnation), calls that were in
+flight may or may not have run: idempotent tools are resent, others are answered ``unavailable``
+saying so. A call that cannot be encoded is answered ``protocol`` at once. The client never raises
+on executor trouble, except ``tools()``, which has no result to carry the error and raises
+``ExecutorUnavailable``.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class ExecutorClient:
         self._welcome: Welcome | None = None
         self._welcome_event = threading.Event()
         self._incarnation: int | None = None
+        self._resend_due = False  # reconnected: resend calls in flight once the executor is known
         self._last_heard = time.monotonic()
         self._alive = False
         self._closed = False
@@ -225,9 +228,11 @@ class ExecutorClient:
                     poller.register(sock, zmq.POLLIN)
                     last_reconnect = now
                     log.info("executor at %s silent for %.1fs; reconnected", self.endpoint, silence)
+                    # The calls are resent when the first answer shows the same executor is there
+                    # (_check_incarnation): a new one behind the endpoint must not get calls the old
+                    # one may have run, unless they are idempotent.
+                    self._resend_due = True
                     self._send(sock, Hello(client="ciayn"))
-                    for p in pending.values():
-                        self._send(sock, p.call)
                 if silence > UNAVAILABLE_AFTER:
                     for cid in list(pending):
                         self._resolve(pending, cid, Result.failure(
@@ -260,8 +265,13 @@ class ExecutorClient:
                 deadline = now + timeout + DEADLINE_GRACE
                 if silent_for > UNAVAILABLE_AFTER:  # known dead: do not make the caller wait a full timeout
                     deadline = min(deadline, now + SILENCE_BEFORE_RECONNECT + 0.5)
+                try:
+                    frames = encode(call)
+                except ProtocolError as e:  # it can never be sent: say so now, not after the deadline
+                    future.set_result(Result.failure(call.id or "", "protocol", f"the call was not sent: {e}"))
+                    continue
                 pending[call.id] = _Pending(call, future, deadline, self._incarnation)
-                self._send(sock, call)
+                self._send_frames(sock, frames)
             elif op == "cancel":
                 self._send(sock, Cancel(id=arg))
             elif op == "hello":
@@ -280,9 +290,16 @@ class ExecutorClient:
 
     def _send(self, sock: zmq.Socket[bytes], msg: Any) -> None:
         try:
-            sock.send_multipart(encode(msg), zmq.NOBLOCK)
+            frames = encode(msg)
         except ProtocolError as e:
             log.error("cannot send %s: %s", msg.KIND, e)
+            return
+        self._send_frames(sock, frames)
+
+    @staticmethod
+    def _send_frames(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK)
         except zmq.Again:
             pass  # nothing connected yet; heartbeats and resends cover it
 
@@ -316,9 +333,13 @@ class ExecutorClient:
             self._incarnation = incarnation
             for p in pending.values():
                 p.sent_incarnation = incarnation
-            return
         if incarnation == self._incarnation:
+            if self._resend_due:  # Lazy Pirate: the same executor answers the resends from its cache
+                self._resend_due = False
+                for p in pending.values():
+                    self._send(sock, p.call)
             return
+        self._resend_due = False
         log.warning("the executor at %s restarted (incarnation %s -> %s)", self.endpoint, self._incarnation,
                     incarnation)
         self._incarnation = incarnation

@@ -1,0 +1,342 @@
+"""``ExecutorClient`` and ``LocalExecutor`` against real executors: many threads at once, an executor
+that is killed, frozen or restarted under the client, and the local executor's start and stop.
+
+Timing constants come from ``controller.client``; every wait is a poll against a deadline."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from controller import ExecutorClient, ExecutorStartError, ExecutorUnavailable, LocalExecutor
+from controller.client import DEADLINE_GRACE, SILENCE_BEFORE_RECONNECT, UNAVAILABLE_AFTER
+from protocol import Call
+
+FAULTY = str(Path(__file__).parent / "tools" / "faulty.py")
+SLACK = 2.0  # extra seconds a bound may take on a loaded 2-core machine
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_for(condition: Callable[[], object], within: float, what: str) -> float:
+    """Poll ``condition`` until it holds; return the seconds it took, fail after ``within``."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < within, f"{what}: not within {within} s"
+        time.sleep(0.01)
+    return time.monotonic() - started
+
+
+def tree(pid: int) -> list[int]:
+    return [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
+
+
+def local_of(client: ExecutorClient) -> LocalExecutor:
+    local: LocalExecutor = client.local  # type: ignore[attr-defined]
+    assert local.proc is not None
+    return local
+
+
+def call_lines(local: LocalExecutor) -> list[str]:
+    """The executor's log lines that record a finished call."""
+    return [line for line in local.log_path.read_text().splitlines() if " INFO call " in line]
+
+
+@pytest.fixture
+def frozen() -> Iterator[list[int]]:
+    """Pids a test stops with SIGSTOP; each is continued at the end even if the test failed."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+# ------------------------------------------------------------------------------------- many threads
+
+
+def test_calls_from_8_threads_each_get_their_own_result(make_client: Callable[..., ExecutorClient]) -> None:
+    client = make_client(tools=[FAULTY], workers=2)
+    per_thread = 60
+    mismatches: list[str] = []
+    done = threading.Barrier(9)
+
+    def run(t: int) -> None:
+        try:
+            futures = []
+            for i in range(per_thread):
+                payload = {"thread": t, "i": i, "blob": "x" * (i * 37 % 500)}
+                call = Call(id=f"t{t}-{i}-{uuid.uuid4().hex[:6]}", tool="echo", args=[payload])
+                if i % 2:  # half blocking calls, half futures collected later
+                    futures.append((call, payload, client.submit(call)))
+                    continue
+                r = client.call(call)
+                if not (r.ok and r.id == call.id and r.value == payload):
+                    mismatches.append(f"{call.id}: {r}")
+            for call, payload, future in futures:
+                r = future.result(timeout=30)
+                if not (r.ok and r.id == call.id and r.value == payload):
+                    mismatches.append(f"{call.id}: {r}")
+        except Exception as e:  # a thread's failure must fail the test, not vanish
+            mismatches.append(repr(e))
+        finally:
+            done.wait()
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(8)]
+    for th in threads:
+        th.start()
+    done.wait(timeout=60)
+    for th in threads:
+        th.join(5)
+    assert mismatches == []
+    assert client.call(Call(tool="echo", args=["after"])).value == "after"
+
+
+# -------------------------------------------------------------------------- executor trouble
+
+
+def test_a_call_in_flight_when_the_executor_is_killed_resolves_without_hanging(
+    make_client: Callable[..., ExecutorClient], tmp_path: Path
+) -> None:
+    client = make_client(tools=[FAULTY])
+    proc = local_of(client).proc
+    assert proc is not None
+    pids = tree(proc.pid)
+    marker = tmp_path / "started"
+    future = client.submit(Call(tool="append_line", kwargs={"path": str(marker), "then_sleep": 60}), timeout=60)
+    wait_for(marker.exists, 5, "the call started")
+    started = time.monotonic()
+    os.killpg(proc.pid, signal.SIGKILL)
+    result = future.result(timeout=UNAVAILABLE_AFTER + SLACK + 2)
+    assert time.monotonic() - started < UNAVAILABLE_AFTER + SLACK
+    assert result.error is not None and result.error.kind in ("unavailable", "crashed"), result
+    wait_for(lambda: not any(_alive(p) for p in pids), 5, "template and worker died with the supervisor")
+
+
+def test_a_dead_executor_is_noticed_by_heartbeat_with_no_call_in_flight(
+    make_client: Callable[..., ExecutorClient],
+) -> None:
+    client = make_client(tools=[FAULTY])
+    wait_for(lambda: client.alive, 5, "the client sees the executor alive")
+    os.killpg(local_of(client).proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+    took = wait_for(lambda: not client.alive, SILENCE_BEFORE_RECONNECT + SLACK, "the client notices the death")
+    assert took >= SILENCE_BEFORE_RECONNECT - 1.0, "alive went False before any heartbeat could have been missed"
+
+
+def test_a_call_times_out_on_the_client_when_the_executor_never_answers(
+    make_client: Callable[..., ExecutorClient], frozen: list[int]
+) -> None:
+    client = make_client(tools=[FAULTY])
+    assert client.call(Call(tool="noop")).ok
+    pid = local_of(client).proc.pid  # type: ignore[union-attr]
+    os.kill(pid, signal.SIGSTOP)
+    frozen.append(pid)
+    started = time.monotonic()
+    result = client.call(Call(tool="noop"), timeout=1.0)
+    took = time.monotonic() - started
+    assert result.error is not None and result.error.kind == "timeout", result
+    assert 1.0 + DEADLINE_GRACE - 0.1 <= took < 1.0 + DEADLINE_GRACE + SLACK
+    os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: client.call(Call(tool="echo", args=[5]), timeout=2).value == 5, 15,
+             "the client works again once the executor does")
+
+
+def test_a_resent_call_is_not_run_twice(
+    make_client: Callable[..., ExecutorClient], frozen: list[int], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The executor is frozen mid-call for longer than the client waits before it reconnects and
+    resends the call under its id; once thawed, the side effect shows the tool ran once."""
+    caplog.set_level(logging.INFO, logger="ciayn.client")
+    client = make_client(tools=[FAULTY])
+    local = local_of(client)
+    log = tmp_path / "runs.log"
+    future = client.submit(Call(tool="append_line", kwargs={"path": str(log), "then_sleep": 0.3}))
+    wait_for(log.exists, 5, "the call started")
+    pid = local.proc.pid  # type: ignore[union-attr]
+    os.kill(pid, signal.SIGSTOP)  # the supervisor only: the worker finishes the call meanwhile
+    frozen.append(pid)
+    wait_for(lambda: any("reconnected" in r.getMessage() for r in caplog.records),
+             SILENCE_BEFORE_RECONNECT + SLACK + 1, "the client reconnected and resent")
+    os.kill(pid, signal.SIGCONT)
+    result = future.result(timeout=10)
+    assert result.ok and result.value == 1, result
+    assert client.call(Call(tool="noop")).ok  # one worker, FIFO: a second run would have come first
+    assert log.read_text() == "ran\n", "the resent call ran again"
+    assert "duplicate id" in local.log_path.read_text(), "the executor never saw the resend"
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["restarted-at-once", "restarted-after-client-reconnected"])
+def test_the_client_recovers_when_the_executor_restarts_on_the_same_endpoint(
+    late: bool, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A second executor on the same ipc path after the first was SIGKILLed mid-call: the client
+    follows it (new incarnation, calls succeed), re-runs the idempotent call that was in flight and
+    answers the other one ``unavailable`` without ever sending it to the new executor, also when the
+    new one comes up only after the client has already reconnected (and would resend)."""
+    caplog.set_level(logging.INFO, logger="ciayn.client")
+    sock_dir = Path(tempfile.mkdtemp(prefix="ciayn-test-"))
+    endpoint = f"ipc://{sock_dir}/exec.sock"
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        cmd = [sys.executable, "-m", "executor.cli", "serve", "--tools", FAULTY, "--bind", endpoint,
+               "--workers", "2"]  # two workers: both calls run at once
+        with open(sock_dir / f"executor{len(procs)}.log", "wb") as log:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=log, start_new_session=True)
+        procs.append(proc)
+        return proc
+
+    try:
+        first = start()
+        with ExecutorClient(endpoint, connect_timeout=30) as client:
+            assert client.tools()
+            assert client.welcome is not None
+            old = client.welcome.incarnation
+            plain_log, safe_log = tmp_path / "plain.log", tmp_path / "safe.log"
+            plain_id = uuid.uuid4().hex
+            plain_call = Call(id=plain_id, tool="append_line",
+                              kwargs={"path": str(plain_log), "then_sleep": 30})
+            plain = client.submit(plain_call)
+            safe = client.submit(Call(tool="idempotent_append", kwargs={"path": str(safe_log), "then_sleep": 0.2}))
+            wait_for(lambda: plain_log.exists() and safe_log.exists(), 5, "both calls started")
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(5)
+            if late:
+                wait_for(lambda: any("reconnected" in r.getMessage() for r in caplog.records),
+                         SILENCE_BEFORE_RECONNECT + SLACK + 1, "the client reconnected")
+            second = start()
+
+            wait_for(lambda: client.welcome is not None and client.welcome.incarnation != old, 30,
+                     "the client saw the new incarnation")
+            r = safe.result(timeout=30)
+            assert r.ok and r.value == 2, f"an idempotent call in flight is run again by the new executor: {r}"
+            r = plain.result(timeout=30)
+            assert r.error is not None and r.error.kind == "unavailable" and "restarted" in r.error.message, r
+            for i in range(5):
+                assert client.call(Call(tool="echo", args=[i])).value == i
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(10) == 0
+        assert plain_id not in (sock_dir / "executor1.log").read_text(), (
+            "a call that is not idempotent was sent to the new executor")
+        assert plain_log.read_text() == "ran\n"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------ the API
+
+
+def test_call_text_rejects_bad_text_without_sending_it(make_client: Callable[..., ExecutorClient]) -> None:
+    client = make_client(tools=[FAULTY])
+    local = local_of(client)
+    assert client.call(Call(tool="noop")).ok
+    before = len(call_lines(local))
+    for text, kind in [
+        ("rm -rf /", "rejected"),
+        ("__import__('os').system('true')", "rejected"),
+        ("echo(open('x'))", "rejected"),
+        ("no_such_tool()", "unknown_tool"),
+        ("fail(1, 2, 3)", "bad_arguments"),
+    ]:
+        r = client.call_text(text)
+        assert not r.ok and r.error is not None and r.error.kind == kind, (text, r)
+        assert r.error.message
+    good = client.call_text("echo('fine')")
+    assert good.ok and good.value == "fine"
+    new = call_lines(local)[before:]
+    assert len(new) == 1 and " echo: ok" in new[0], f"only the valid call may reach the executor: {new}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[{1, 2}], [2**70], [{"nested": [object()]}]],
+    ids=["set", "int over 64 bits", "object"],
+)
+def test_a_call_that_cannot_cross_the_wire_is_answered_at_once(
+    args: list[object], make_client: Callable[..., ExecutorClient]
+) -> None:
+    """Not after its timeout, and not as ``timeout``: it was never sent."""
+    client = make_client(tools=[FAULTY])
+    started = time.monotonic()
+    r = client.call(Call(tool="echo", args=args))
+    assert time.monotonic() - started < 1.0
+    assert r.error is not None and r.error.kind == "protocol", r
+    assert "args[0]" in r.error.message and "not sent" in r.error.message
+    assert client.call(Call(tool="echo", args=[1])).value == 1
+
+
+def test_close_answers_calls_in_flight_and_later_calls(make_client: Callable[..., ExecutorClient]) -> None:
+    client = make_client(tools=[FAULTY])
+    future = client.submit(Call(tool="sleep_forever"), timeout=30)
+    client.close()
+    r = future.result(timeout=5)
+    assert r.error is not None and r.error.kind == "cancelled"
+    r = client.call(Call(tool="noop"))
+    assert r.error is not None and r.error.kind == "unavailable"
+
+
+def test_tools_raises_when_no_executor_answers(tmp_path: Path) -> None:
+    with ExecutorClient(f"ipc://{tmp_path}/nobody.sock", connect_timeout=0.3) as client:
+        with pytest.raises(ExecutorUnavailable, match="is `ciayn-executor serve` running"):
+            client.tools()
+        r = client.call_text("noop()")
+        assert r.error is not None and r.error.kind == "unavailable"
+
+
+def test_local_executor_start_failure_raises_with_the_log_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = tmp_path / "bad_tools.py"
+    bad.write_text("raise RuntimeError('tool module exploded')\n")
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    local = LocalExecutor(tools=[str(bad)])
+    with pytest.raises(ExecutorStartError) as info:
+        local.start()
+    message = str(info.value)
+    assert "exited with code 1" in message
+    assert "executor log" in message and "RuntimeError: tool module exploded" in message
+    assert local.proc is not None and local.proc.returncode is not None
+    assert list(private.iterdir()) == [], "the failed start left its temp dir behind"
+
+
+def test_local_executor_uses_a_private_dir_and_cleans_up_on_exit() -> None:
+    local = LocalExecutor(tools=[FAULTY], workers=2)
+    with local as client:
+        assert local.dir is not None and local.proc is not None
+        directory = local.dir
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+        assert local.endpoint == f"ipc://{directory}/executor.sock"
+        assert (directory / "executor.sock").exists()
+        assert client.call(Call(tool="noop")).ok
+        pids = tree(local.proc.pid)
+        assert len(pids) == 4  # supervisor, template, two workers
+    assert not directory.exists()
+    assert local.proc.returncode == 0, "the executor was not stopped cleanly (SIGTERM)"
+    wait_for(lambda: not any(_alive(p) for p in pids), 5, "every executor process ended")
