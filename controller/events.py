@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -229,3 +230,38 @@ class Tally:
             tokens=self.tokens,
             cost=self.cost,
         )
+
+    # Run endings both backends share, so a limit or a signal reads the same whatever the backend.
+
+    def limit_reached(self, max_steps: int, max_cost: float | None) -> Finished | None:
+        """The ``Finished`` event for a step or cost limit reached before the next model request."""
+        if self.steps >= max_steps:
+            return self.finished("stopped", f"the step limit ({max_steps}) was reached before the task was completed")
+        if max_cost is not None and self.cost >= max_cost:
+            return self.finished("stopped", f"the cost limit (${max_cost:.4f}) was reached: ${self.cost:.4f} spent")
+        return None
+
+    def ending(self, tool: str, result: Result) -> Finished | None:
+        """The ``Finished`` event a call's result ends the run with (an unavailable executor, a
+        ``complete`` or ``exit`` signal), or None when the run goes on."""
+        if result.error is not None and result.error.kind == "unavailable":
+            reason = f"the executor is unavailable ({result.error.message}); the run cannot go on"
+            return self.finished("failed", reason)
+        for signal in result.signals:
+            if signal.kind == "complete":
+                return self.finished("completed", "a tool reported the task complete", signal.message)
+            if signal.kind == "exit":
+                reason = f"{tool} asked to stop the run" + (f": {signal.message}" if signal.message else "")
+                return self.finished("stopped", reason, signal.message)
+        return None
+
+
+def final_event(events: Iterable[StepEvent]) -> Finished:
+    """Run a stream of step events to its end and return its ``Finished`` event."""
+    finished: Finished | None = None
+    for event in events:
+        if isinstance(event, Finished):
+            finished = event
+    if finished is None:
+        raise RuntimeError("the run ended without a Finished event")
+    return finished

@@ -1,0 +1,148 @@
+"""``create_agent``: one entry point and one agent type for both backends.
+
+    agent = create_agent("openai/gpt-4o-mini", client, max_steps=20)
+    for event in agent.stream("list the workspace"):   # the same step events, whatever the backend
+        ...
+
+``model`` is a litellm model string, a ``ModelConfig``, or (mostly for tests and embedding) a ready
+model object: a CIAYN ``Model`` (``ScriptedModel``, ``LiteLLMModel``) or a LangChain chat model with
+tool calling. The backend is chosen by ``controller.backend.choose_backend`` for names and configs,
+and by the object's kind for ready models. LangChain and LangGraph are imported only when a ReAct
+agent is made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+from controller.backend import Backend, BackendChoice, choose_backend
+from controller.ciayn import CiaynAgent
+from controller.events import Finished, Notice, StepEvent, final_event
+from controller.models import Model, ModelConfig
+
+_MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)} - {"model"}
+_CHOICE_KEYS = ("backends", "supports_function_calling")
+
+
+class BackendAgent(Protocol):
+    """What both backends' agents offer (``CiaynAgent``, ``ReactAgent``)."""
+
+    def stream(self, task: str | Sequence[Any]) -> Iterator[StepEvent]: ...
+
+    def stop(self, reason: str = ...) -> None: ...
+
+
+class Agent:
+    """An agent of either backend. ``stream(task)`` yields a ``Notice`` saying which backend runs and
+    why, then the backend's step events (``ModelText``, ``ToolCallEvent``, ``ToolResultEvent``,
+    ``Rejected``, ``Usage``, ``Notice``), and last a ``Finished``. ``stop()`` is thread-safe (the CLI
+    calls it on Ctrl-C). ``impl`` is the backend's own agent."""
+
+    def __init__(self, impl: BackendAgent, choice: BackendChoice) -> None:
+        self.impl = impl
+        self.choice = choice
+
+    @property
+    def backend(self) -> Backend:
+        return self.choice.backend
+
+    def stream(self, task: str | Sequence[Any]) -> Iterator[StepEvent]:
+        yield Notice(self.choice.describe())
+        yield from self.impl.stream(task)
+
+    def run(self, task: str | Sequence[Any]) -> Finished:
+        """Run to the end and return the ``Finished`` event."""
+        return final_event(self.stream(task))
+
+    def stop(self, reason: str = "stopped by the user") -> None:
+        self.impl.stop(reason)
+
+    def __repr__(self) -> str:
+        return f"Agent(backend={self.backend!r}, impl={type(self.impl).__name__})"
+
+
+def _accepted(cls: type) -> set[str]:
+    return {name for name, p in inspect.signature(cls).parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def _options_for(backend: Backend, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options the chosen backend takes. An option only the other backend takes is left out (the
+    caller may not know in advance which backend runs); one that neither takes is an error."""
+
+    def react_agent() -> type:
+        from controller.react import ReactAgent  # LangChain, only when needed
+
+        return ReactAgent
+
+    mine = _accepted(react_agent() if backend == "react" else CiaynAgent)
+    rest = set(options) - mine
+    if rest:
+        unknown = sorted(rest - _accepted(CiaynAgent if backend == "react" else react_agent()))
+        if unknown:
+            raise TypeError(f"create_agent() got unknown option(s): {', '.join(unknown)}")
+    return {k: v for k, v in options.items() if k in mine}
+
+
+def create_agent(
+    model: str | ModelConfig | Model | Any,
+    client: Any,
+    *,
+    backend: str = "auto",
+    **config: Any,
+) -> Agent:
+    """An agent for ``model`` over the executor ``client``.
+
+    ``backend`` is ``auto`` (see ``controller.backend.choose_backend``), ``react`` or ``ciayn``.
+    ``config`` mixes model settings (the fields of ``ModelConfig``: ``api_base``, ``temperature``,
+    ``request_timeout``, ...; for a model name or a ``ModelConfig``), backend-choice settings
+    (``backends``: a table of model patterns to backends; ``supports_function_calling``) and agent
+    options (``max_steps``, ``max_cost``, ``call_timeout``, ``show_reasoning``, and each backend's
+    own; an option only the other backend takes is ignored)."""
+    if backend not in ("auto", "react", "ciayn"):
+        raise ValueError(f"backend must be 'auto', 'react' or 'ciayn', not {backend!r}")
+    choice_config = {k: config.pop(k) for k in _CHOICE_KEYS if k in config}
+    settings = {k: config.pop(k) for k in list(config) if k in _MODEL_FIELDS}
+    if isinstance(model, str):
+        model = ModelConfig(model=model, **settings)
+    elif settings:
+        if not isinstance(model, ModelConfig):
+            raise TypeError(
+                f"model settings ({', '.join(sorted(settings))}) apply to a model name or a ModelConfig, "
+                f"not to a ready {type(model).__name__}"
+            )
+        model = dataclasses.replace(model, **settings)
+
+    if isinstance(model, ModelConfig):
+        choice = choose_backend(model.model, backend, choice_config)
+        options = _options_for(choice.backend, config)
+        if choice.backend == "react":
+            from controller.react import ReactAgent
+
+            return Agent(ReactAgent.from_config(model, client, **options), choice)
+        return Agent(CiaynAgent.from_config(model, client, **options), choice)
+
+    if isinstance(model, Model):
+        if backend == "react":
+            raise ValueError(f"a {type(model).__name__} answers in text and cannot run the react backend")
+        choice = BackendChoice("ciayn", f"a {type(model).__name__} model object was given")
+        return Agent(CiaynAgent(model, client, **_options_for("ciayn", config)), choice)
+
+    from langchain_core.language_models import BaseChatModel
+
+    if isinstance(model, BaseChatModel):
+        if backend == "ciayn":
+            raise ValueError(
+                "a LangChain chat model runs the react backend; for CIAYN pass a model name, a ModelConfig "
+                "or a controller.models.Model"
+            )
+        from controller.react import ReactAgent
+
+        choice = BackendChoice("react", f"a LangChain chat model ({type(model).__name__}) was given")
+        return Agent(ReactAgent(model, client, **_options_for("react", config)), choice)
+    raise TypeError(
+        "model must be a litellm model name, a ModelConfig, a controller.models.Model or a LangChain chat "
+        f"model, not {type(model).__name__}"
+    )
