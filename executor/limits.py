@@ -11,27 +11,36 @@ malloc arenas and thread stacks and break threaded tools at sizes where they use
 
 from __future__ import annotations
 
+import math
 import resource
 
 from protocol import Call, Limits, ToolSpec
 
 _INF = resource.RLIM_INFINITY
+_RLIM_MAX = 2**63 - 1  # setrlimit refuses larger values (OverflowError), which would kill the worker
 
 
 def effective_limits(defaults: Limits, spec: ToolSpec | None, call: Call | None) -> Limits:
-    """Command-line defaults, overridden by the tool's timeout, overridden by the call's timeout."""
+    """Command-line defaults, overridden by the tool's timeout, overridden by the call's timeout.
+    A timeout that is not a positive finite number (inf, nan, 0) overrides nothing: every call has a
+    deadline."""
     timeout = defaults.timeout_s
-    if spec is not None and spec.timeout is not None:
+    if spec is not None and spec.timeout is not None and _usable(spec.timeout):
         timeout = spec.timeout
-    if call is not None and call.timeout is not None and call.timeout > 0:
+    if call is not None and call.timeout is not None and _usable(call.timeout):
         timeout = call.timeout
     if timeout == defaults.timeout_s:
         return defaults
     return defaults.model_copy(update={"timeout_s": float(timeout)})
 
 
+def _usable(timeout: float) -> bool:
+    return math.isfinite(timeout) and timeout > 0
+
+
 def _soft(which: int, value: int) -> None:
     _, hard = resource.getrlimit(which)
+    value = min(value, _RLIM_MAX)  # a huge (finite) call timeout gives a huge CPU allowance
     if hard != _INF and value > hard:
         value = hard
     resource.setrlimit(which, (value, hard))

@@ -13,6 +13,7 @@ the queue bound, and the per-call plumbing (state, output capture, signals, time
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -500,3 +501,33 @@ def test_a_cancel_for_an_unknown_id_is_ignored(wire: Wire) -> None:
     wire.send(sock, Cancel(id="never-sent"))
     assert wire.receive(sock, within=0.2) is None
     wire.ping()
+
+
+def test_the_cpu_limit_stops_a_busy_tool_before_its_wall_clock_limit(
+    make_client: Callable[..., ExecutorClient],
+) -> None:
+    client = make_client(tools=[FAULTY], timeout=10, cpu_s=1)
+    started = time.monotonic()
+    r = client.call(Call(tool="busy_loop"))
+    took = time.monotonic() - started
+    assert r.error is not None and r.error.kind == "timeout", r
+    assert "CPU" in r.error.message
+    assert took < 1 + 1 + GRACE, f"RLIMIT_CPU (whole seconds, counted from the worker's use so far) took {took:.1f} s"
+    assert r.worker is not None and r.worker.restarted
+    assert client.call(Call(tool="counter")).value == 1
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), 1e300, float("nan"), 0.0], ids=["inf", "1e300", "nan", "zero"])
+def test_a_call_timeout_of_any_float_runs_the_call_without_costing_the_worker(
+    timeout: float, wire: Wire
+) -> None:
+    """A client may send any float; such a call still runs (under the executor's own limit where the
+    value is no limit at all) and does not cost its worker: setrlimit refuses huge values."""
+    sock = wire.socket()
+    before = wire.ask(sock, Call(id=call_id(), tool="whoami"))
+    r = wire.ask(sock, Call(id=call_id(), tool="whoami", timeout=timeout))
+    assert isinstance(before, Result) and isinstance(r, Result)
+    assert r.ok, r.error
+    assert r.value == before.value and r.worker is not None and not r.worker.restarted
+    usable = math.isfinite(timeout) and timeout > 0
+    assert r.limits is not None and r.limits.timeout_s == (timeout if usable else TIMEOUT)
