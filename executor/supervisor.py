@@ -120,6 +120,7 @@ class Supervisor:
         self.cache: collections.OrderedDict[str, Result] = collections.OrderedDict()
         self.fd_owner: dict[int, tuple[Slot, str]] = {}
         self.stopping = False
+        self.exit_code = 0  # 1 when it stops because it cannot go on (the template died)
         self.template_pid = 0
         self.template: socket.socket | None = None
 
@@ -184,7 +185,7 @@ class Supervisor:
             self._loop(wake_r, parent_fd)
         finally:
             self._shutdown(ctx)
-        return 0
+        return self.exit_code
 
     def _watch_parent(self) -> int | None:
         if not self.parent_pid:
@@ -380,6 +381,7 @@ class Supervisor:
             self.template.close()
             self.template = None
             self.stopping = True
+            self.exit_code = 1
             return
         if msg["op"] == "spawned":
             slot = self.slots[msg["slot"]]

@@ -253,3 +253,21 @@ def test_the_executor_exits_when_its_parent_dies(sock_dir: Path) -> None:
         parent.wait(10)
     assert wait_until_dead(pids) == [], "the executor outlived the process that started it"
     assert not Path(endpoint[len("ipc://"):]).exists()
+
+
+def test_a_tool_that_kills_the_template_stops_the_executor_with_a_failure_status(
+    make_client: Callable[..., ExecutorClient],
+) -> None:
+    """In the default profile a tool runs as the executor's uid and can kill its template; then no
+    worker can ever be made again. The executor must not pretend all is well: it answers the call,
+    stops with a non-zero status (so a process manager restarts it), and leaves nothing behind."""
+    client = make_client(tools=[FAULTY])
+    local: LocalExecutor = client.local  # type: ignore[attr-defined]
+    assert local.proc is not None and local.dir is not None
+    pids = tree(local.proc.pid)
+    r = client.call(Call(tool="kill_parent"), timeout=20)
+    assert r.error is not None and r.error.kind in ("cancelled", "crashed"), r
+    assert local.proc.wait(10) == 1
+    assert "the template process died" in local.log_path.read_text()
+    assert not (local.dir / "executor.sock").exists()
+    assert wait_until_dead(pids) == []

@@ -249,3 +249,11 @@ def daemon_then_sleep(path: str) -> None:
 def idempotent_append(path: str, text: str = "ran", then_sleep: float = 0.0) -> int:
     """``append_line`` flagged idempotent: a client may run it again after its executor died."""
     return append_line(path, text, then_sleep)
+
+
+@tool
+def kill_parent() -> None:
+    """SIGKILL the process that forked this worker (the executor's template), as any code running
+    under the same uid can, then hang."""
+    os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(3600)
