@@ -15,7 +15,7 @@ from llm_stub import LLMStub, StubError, tool_call
 
 from controller.agent import create_agent
 from controller.events import Finished, StepEvent, ToolCallEvent, ToolResultEvent, Usage
-from controller.models import ModelConfig
+from controller.models import ModelConfig, import_litellm
 from controller.react import ReactAgent
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,3 +130,16 @@ def test_ciayn_run_cli_with_the_react_backend_completes_over_http(workspace: Pat
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert events[-1]["event"] == "finished" and events[-1]["status"] == "completed"
     assert any(e["event"] == "tool_result" and e["tool"] == "write_file" and e["ok"] for e in events)
+
+
+def test_the_stub_streams_when_asked() -> None:
+    """Server-sent events, for callers that stream: text and tool calls arrive whole, usage last."""
+    litellm = import_litellm()
+    with LLMStub(["hello there", tool_call("list_dir", path=".")]) as stub:
+        common = {"model": "openai/stub", "api_base": stub.api_base, "api_key": "x", "stream": True}
+        chunks = list(litellm.completion(messages=[{"role": "user", "content": "hi"}], **common))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == "hello there"
+        chunks = list(litellm.completion(messages=[{"role": "user", "content": "list"}], **common))
+        calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+        assert [(tc.function.name, json.loads(tc.function.arguments)) for tc in calls] == [("list_dir", {"path": "."})]
+        assert all(body["stream"] is True for body in stub.requests)
