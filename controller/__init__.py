@@ -4,7 +4,18 @@ Heavy dependencies (litellm, langgraph) are imported lazily, only by the code pa
 model, so ``import controller`` and the executor client stay fast.
 """
 
+from controller.agent import Agent, create_agent
+from controller.backend import choose_backend, should_use_react_agent
 from controller.client import ExecutorClient, ExecutorUnavailable
 from controller.local import ExecutorStartError, LocalExecutor
 
-__all__ = ["ExecutorClient", "ExecutorStartError", "ExecutorUnavailable", "LocalExecutor"]
+__all__ = [
+    "Agent",
+    "ExecutorClient",
+    "ExecutorStartError",
+    "ExecutorUnavailable",
+    "LocalExecutor",
+    "choose_backend",
+    "create_agent",
+    "should_use_react_agent",
+]
