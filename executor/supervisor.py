@@ -49,7 +49,8 @@ log = logging.getLogger("ciayn-executor")
 
 TEMPLATE_START_TIMEOUT = 60.0  # importing tool modules may be slow
 EXIT_STATUS_WAIT = 2.0  # after a worker's channel closes, how long to wait for its exit status
-RESULT_CACHE_SIZE = 4096  # recent results kept to answer resent call ids
+RESULT_CACHE_SIZE = 4096  # recent results kept to answer resent call ids...
+RESULT_CACHE_BYTES = 128 * 1024 * 1024  # ...and at most this many encoded bytes of them (a result may be MBs)
 POLL_MAX_MS = 1000
 SHUTDOWN_LINGER_MS = 500
 
@@ -117,7 +118,8 @@ class Supervisor:
         self.slots = [Slot(id=i) for i in range(self.n_workers)]
         self.queue: collections.deque[Job] = collections.deque()
         self.jobs: dict[str, Job] = {}
-        self.cache: collections.OrderedDict[str, Result] = collections.OrderedDict()
+        self.cache: collections.OrderedDict[str, list[bytes]] = collections.OrderedDict()  # id -> encoded result
+        self.cache_bytes = 0
         self.fd_owner: dict[int, tuple[Slot, str]] = {}
         self.stopping = False
         self.exit_code = 0  # 1 when it stops because it cannot go on (the template died)
@@ -300,11 +302,16 @@ class Supervisor:
             else:
                 self._send(ident, Result.failure("", "protocol", f"an executor does not accept {msg.KIND} messages"))
 
-    def _send(self, ident: bytes, msg: Any) -> None:
+    @staticmethod
+    def _encode(msg: Any) -> list[bytes]:
         try:
-            frames = encode(msg)
+            return encode(msg)
         except ProtocolError as e:  # e.g. an oversized result: say so instead
-            frames = encode(Result.failure(getattr(msg, "id", "") or "", "output_limit", str(e)))
+            return encode(Result.failure(getattr(msg, "id", "") or "", "output_limit", str(e)))
+
+    def _send(self, ident: bytes, msg: Any) -> None:
+        """Send a message, or frames already encoded (a cached result)."""
+        frames = msg if isinstance(msg, list) else self._encode(msg)
         with contextlib.suppress(zmq.ZMQError):
             self.sock.send_multipart([ident, *frames], zmq.NOBLOCK)
 
@@ -346,8 +353,7 @@ class Supervisor:
 
     def _reply_now(self, ident: bytes, result: Result) -> None:
         result.executor = self.executor_id
-        self._remember(result)
-        self._send(ident, result)
+        self._send(ident, self._remember(result))
 
     def _on_cancel(self, cid: str) -> None:
         job = self.jobs.get(cid)
@@ -601,15 +607,24 @@ class Supervisor:
 
     def _finish(self, job: Job, result: Result) -> None:
         self.jobs.pop(job.call_id, None)
-        self._remember(result)
+        frames = self._remember(result)
         status = "ok" if result.ok else f"{result.error.kind if result.error else '?'}"
         wall = f" {result.stats.wall_s * 1000:.1f}ms" if result.stats else ""
         log.info("call %s %s: %s%s", job.call_id, job.call.tool, status, wall)
         for ident in job.waiters:
-            self._send(ident, result)
+            self._send(ident, frames)
 
-    def _remember(self, result: Result) -> None:
-        self.cache[result.id] = result
-        while len(self.cache) > RESULT_CACHE_SIZE:
-            self.cache.popitem(last=False)
+    def _remember(self, result: Result) -> list[bytes]:
+        """Encode a result once, keep it to answer a resent id, and return the frames to send. The
+        cache is bounded in entries and in bytes, oldest out first."""
+        frames = self._encode(result)
+        replaced = self.cache.pop(result.id, None)
+        if replaced is not None:
+            self.cache_bytes -= sum(len(f) for f in replaced)
+        self.cache[result.id] = frames
+        self.cache_bytes += sum(len(f) for f in frames)
+        while len(self.cache) > RESULT_CACHE_SIZE or self.cache_bytes > RESULT_CACHE_BYTES:
+            _, dropped = self.cache.popitem(last=False)
+            self.cache_bytes -= sum(len(f) for f in dropped)
+        return frames
 

@@ -531,3 +531,20 @@ def test_a_call_timeout_of_any_float_runs_the_call_without_costing_the_worker(
     assert r.value == before.value and r.worker is not None and not r.worker.restarted
     usable = math.isfinite(timeout) and timeout > 0
     assert r.limits is not None and r.limits.timeout_s == (timeout if usable else TIMEOUT)
+
+
+def test_the_result_cache_is_bounded_in_bytes_not_only_in_entries(
+    make_client: Callable[..., ExecutorClient],
+) -> None:
+    """Every result is kept a while to answer resent ids; results of megabytes must not pile up in
+    the supervisor (4096 entries of 3 MB would be 12 GB)."""
+    client = make_client(tools=[FAULTY])
+    supervisor = psutil.Process(client.local.proc.pid)  # type: ignore[attr-defined]
+    call = Call(tool="huge_string", kwargs={"mb": 3})
+    for _ in range(3):
+        assert client.call(call).ok
+    base = supervisor.memory_info().rss
+    for _ in range(200):
+        assert client.call(call).ok
+    growth_mb = (supervisor.memory_info().rss - base) / 2**20
+    assert growth_mb < 300, f"the supervisor grew by {growth_mb:.0f} MB over 600 MB of results"
