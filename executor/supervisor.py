@@ -125,6 +125,7 @@ class Supervisor:
         self.exit_code = 0  # 1 when it stops because it cannot go on (the template died)
         self.template_pid = 0
         self.template: socket.socket | None = None
+        self.ipc_identity: tuple[int, int] | None = None  # (device, inode) of our ipc socket file
 
     # ---------------------------------------------------------------- start-up and shutdown
 
@@ -152,6 +153,7 @@ class Supervisor:
 
     def serve(self) -> int:
         parent_fd = self._watch_parent()  # first: a dead parent must not leave a socket file behind
+        self._check_ipc_free()
         self.start_template()
         ctx = zmq.Context()
         sock = ctx.socket(zmq.ROUTER)
@@ -164,6 +166,8 @@ class Supervisor:
             self._stop_template()
             raise StartupError(f"cannot bind {self.endpoint}: {e}") from None
         self.sock = sock
+        path = self._ipc_path()
+        self.ipc_identity = _file_identity(path) if path else None
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         os.set_blocking(wake_r, False)
@@ -189,6 +193,27 @@ class Supervisor:
             self._shutdown(ctx)
         return self.exit_code
 
+    def _ipc_path(self) -> str | None:
+        """The socket file of an ``ipc://`` endpoint (not of an abstract ``ipc://@name`` one)."""
+        path = self.endpoint[len("ipc://") :] if self.endpoint.startswith("ipc://") else ""
+        return path if path and not path.startswith("@") else None
+
+    def _check_ipc_free(self) -> None:
+        """ZeroMQ binds an ipc path by replacing whatever file is there, so a second executor would
+        silently take a live one's endpoint (and the first, stopping, would then delete the second's
+        socket file). Refuse if something accepts connections there; a stale file is replaced."""
+        path = self._ipc_path()
+        if path is None or not os.path.exists(path):
+            return
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:
+            return  # nobody listening: a file left by an executor that died
+        finally:
+            probe.close()
+        raise StartupError(f"cannot bind {self.endpoint}: another process is serving on it")
+
     def _watch_parent(self) -> int | None:
         if not self.parent_pid:
             return None
@@ -212,9 +237,10 @@ class Supervisor:
         self._stop_template()
         self.sock.close(linger=SHUTDOWN_LINGER_MS)
         ctx.term()
-        if self.endpoint.startswith("ipc://"):
+        path = self._ipc_path()
+        if path and self.ipc_identity is not None and _file_identity(path) == self.ipc_identity:
             with contextlib.suppress(OSError):
-                os.unlink(self.endpoint[len("ipc://") :])
+                os.unlink(path)  # only our own socket file, not one a later executor bound there
 
     def _stop_template(self) -> None:
         if self.template is not None:
@@ -628,3 +654,10 @@ class Supervisor:
             self.cache_bytes -= sum(len(f) for f in dropped)
         return frames
 
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino

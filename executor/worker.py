@@ -101,6 +101,7 @@ def template_main(chan: socket.socket, targets: list[str], limits: Limits) -> No
     except BaseException:
         traceback.print_exc()
         code = 1
+        kill_children()  # the workers die with us (PDEATHSIG); what they left must not go to init
     os._exit(code)
 
 
@@ -116,7 +117,9 @@ def _template_loop(chan: socket.socket, tools: dict[str, Tool], limits: Limits) 
         ready, _, _ = select.select([chan.fileno(), wake_r], [], [])
         if wake_r in ready:
             os.read(wake_r, 4096)
-            _reap(chan, workers)
+            if not _reap(chan, workers):
+                kill_children()  # the supervisor is gone: so are the workers and all they left
+                return
         if chan.fileno() in ready:
             try:
                 req = framing.recv(chan)
@@ -128,21 +131,26 @@ def _template_loop(chan: socket.socket, tools: dict[str, Tool], limits: Limits) 
                 workers.add(pid)
 
 
-def _reap(chan: socket.socket, workers: set[int]) -> None:
+def _reap(chan: socket.socket, workers: set[int]) -> bool:
+    """Reap dead children, report dead workers; False when the supervisor can no longer be told
+    (it closed the channel: shutting down)."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return True
         if pid == 0:
-            return
+            return True
         if pid in workers:
             workers.discard(pid)
             # Whatever the dead worker left behind is now ours: kill it.
             kill_children(keep=frozenset(workers))
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-            framing.send(chan, {"op": "exited", "pid": pid, "signal": sig, "code": code})
+            try:
+                framing.send(chan, {"op": "exited", "pid": pid, "signal": sig, "code": code})
+            except OSError:
+                return False
 
 
 def _spawn_worker(

@@ -41,6 +41,17 @@ def wait_until_dead(pids: list[int], within: float = 5.0) -> list[int]:
     return alive
 
 
+def describe(pids: list[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            out.append(f"{pid} (parent {p.ppid()}, {p.status()}: {' '.join(p.cmdline())[:80]})")
+        except psutil.NoSuchProcess:
+            out.append(f"{pid} (gone)")
+    return out
+
+
 def tree(pid: int) -> list[int]:
     root = psutil.Process(pid)
     return [pid, *(p.pid for p in root.children(recursive=True))]
@@ -160,8 +171,10 @@ def test_a_bad_start_stops_with_a_clear_message_and_leaves_nothing(case: str, tm
     assert not sock.exists(), "a failed start left its socket file behind"
 
 
-def test_an_endpoint_in_use_stops_start_up_with_a_clear_message() -> None:
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+def test_an_endpoint_in_use_stops_start_up_with_a_clear_message(transport: str, sock_dir: Path) -> None:
+    """Also for ipc, where ZeroMQ would silently replace the live executor's socket file."""
+    endpoint = f"tcp://127.0.0.1:{_free_port()}" if transport == "tcp" else f"ipc://{sock_dir}/exec.sock"
     first = subprocess.Popen([*SERVE, "--tools", FAULTY, "--bind", endpoint],
                              stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -174,6 +187,28 @@ def test_an_endpoint_in_use_stops_start_up_with_a_clear_message() -> None:
     finally:
         first.terminate()
         assert first.wait(10) == 0
+
+
+def test_a_stopping_executor_removes_only_its_own_socket_file(sock_dir: Path) -> None:
+    """The first executor's socket file was removed by hand and a second one serves on the same
+    path: stopping the first must not delete the second's socket file."""
+    endpoint = f"ipc://{sock_dir}/exec.sock"
+    procs = []
+    try:
+        for _ in range(2):
+            (sock_dir / "exec.sock").unlink(missing_ok=True)
+            procs.append(subprocess.Popen([*SERVE, "--tools", FAULTY, "--bind", endpoint],
+                                          stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+            read_stderr_until(procs[-1], "serving")
+        procs[0].terminate()
+        assert procs[0].wait(10) == 0
+        assert (sock_dir / "exec.sock").exists()
+        with ExecutorClient(endpoint, connect_timeout=5) as client:
+            assert client.call(Call(tool="noop")).ok, "the second executor is unreachable"
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
 
 
 def _free_port() -> int:
@@ -225,7 +260,8 @@ def test_a_stop_signal_cancels_the_running_call_and_leaves_nothing(
     assert result.error is not None and result.error.kind == "cancelled", result
     assert local.proc.wait(10) == 0
     assert not (local.dir / "executor.sock").exists(), "the ipc socket file was not removed"
-    assert wait_until_dead(pids) == []
+    survivors = wait_until_dead(pids)
+    assert survivors == [], f"left running: {describe(survivors)} (of {pids}; daemon {daemon_pid})"
     assert "shutting down" in local.log_path.read_text()
 
 
