@@ -265,31 +265,50 @@ def test_a_stop_signal_cancels_the_running_call_and_leaves_nothing(
     assert "shutting down" in local.log_path.read_text()
 
 
-def test_the_executor_exits_when_its_parent_dies(sock_dir: Path) -> None:
-    """``--parent-pid``: started by an intermediate process that is then SIGKILLed (so it can clean
-    nothing up), the executor notices by itself and exits, taking its workers with it."""
-    endpoint = f"ipc://{sock_dir}/exec.sock"
-    starter = (
+STARTERS = {
+    # By hand: ``serve --parent-pid`` with the starter's own pid.
+    "serve --parent-pid": (
         "import os, signal, subprocess, sys\n"
-        f"cmd = {[*SERVE, '--tools', FAULTY, '--bind', endpoint]!r} + ['--parent-pid', str(os.getpid())]\n"
+        "endpoint = 'ipc://{dir}/exec.sock'\n"
+        "cmd = {serve!r} + ['--tools', {faulty!r}, '--bind', endpoint, '--parent-pid', str(os.getpid())]\n"
         "p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)\n"
-        "print(p.pid, flush=True)\n"
+        "print(p.pid, endpoint, flush=True)\n"
         "signal.pause()\n"
-    )
-    parent = subprocess.Popen([sys.executable, "-c", starter], stdout=subprocess.PIPE, text=True)
+    ),
+    # A controller using LocalExecutor, which passes its pid.
+    "LocalExecutor": (
+        "import signal\n"
+        "from controller import LocalExecutor\n"
+        "local = LocalExecutor(tools=[{faulty!r}])\n"
+        "local.start()\n"
+        "print(local.proc.pid, local.endpoint, flush=True)\n"
+        "signal.pause()\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("starter", list(STARTERS))
+def test_the_executor_exits_when_the_process_that_started_it_dies(starter: str, sock_dir: Path) -> None:
+    """Started by a process that is then SIGKILLed (so it can clean nothing up), the executor
+    notices by itself and exits, taking its workers with it and removing its socket file."""
+    code = STARTERS[starter].format(serve=SERVE, faulty=FAULTY, dir=sock_dir)
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout is not None
-        executor_pid = int(parent.stdout.readline())
+        pid_text, endpoint = parent.stdout.readline().split()
         with ExecutorClient(endpoint, connect_timeout=START_WITHIN) as client:
             assert client.call(Call(tool="noop")).ok
-        pids = tree(executor_pid)
-        assert len(pids) == 3, f"expected supervisor, template and worker, got {pids}"
+        pids = tree(int(pid_text))
+        assert len(pids) == 3, f"expected supervisor, template and worker, got {describe(pids)}"
     finally:
         parent.kill()
         parent.wait(10)
-    assert wait_until_dead(pids) == [], "the executor outlived the process that started it"
-    assert not Path(endpoint[len("ipc://"):]).exists()
-
+    try:
+        assert wait_until_dead(pids) == [], "the executor outlived the process that started it"
+        assert not Path(endpoint[len("ipc://"):]).exists()
+    finally:
+        if starter == "LocalExecutor":  # the killed controller could not remove its private dir
+            shutil.rmtree(Path(endpoint[len("ipc://"):]).parent, ignore_errors=True)
 
 def test_a_tool_that_kills_the_template_stops_the_executor_with_a_failure_status(
     make_client: Callable[..., ExecutorClient],
