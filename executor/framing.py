@@ -100,5 +100,8 @@ class Reader:
                 break
             body = bytes(self.buf[_HEADER.size : _HEADER.size + size])
             del self.buf[: _HEADER.size + size]
-            frames.append(msgpack.unpackb(body, raw=False))
+            try:
+                frames.append(msgpack.unpackb(body, raw=False))
+            except Exception as e:  # msgpack raises many types for malformed input
+                raise FrameError(f"internal frame is not valid msgpack: {type(e).__name__}: {e}") from None
         return frames, closed

@@ -501,18 +501,21 @@ class Supervisor:
         try:
             replies, closed = slot.reader.feed()
         except framing.FrameError as e:
-            log.error("worker %d sent a bad frame (%s); replacing it", slot.id, e)
             replies, closed = [], True
-            self._kill(slot, "bad frame")
+            self._malformed(slot, e)
         for reply in replies:
             job = slot.job
             if job is None:
                 continue
             self._drain_output(slot)
+            try:
+                if not reply["ok"] and reply["error"]["kind"] == "memory":
+                    slot.killed = True  # the worker exits after this reply; give it no more calls
+                result = self._result_from_reply(job, slot, reply, restarted=slot.killed)
+            except (TypeError, KeyError, ValueError) as e:  # ValidationError is a ValueError
+                self._malformed(slot, e)  # the call is answered when the worker's death is reported
+                break
             slot.job = None
-            if not reply.get("ok") and reply.get("error", {}).get("kind") == "memory":
-                slot.killed = True  # the worker exits after this reply; give it no more calls
-            result = self._result_from_reply(job, slot, reply, restarted=slot.killed)
             if job.outcome is not None:
                 # Decided here before the reply was read (output over the cap found while draining,
                 # or a deadline or cancel that raced the reply): that decision is the answer.
@@ -524,6 +527,17 @@ class Supervisor:
             if not slot.closed_at:
                 slot.closed_at = time.monotonic()
         self._dispatch()
+
+    def _malformed(self, slot: Slot, problem: Exception) -> None:
+        """The worker's channel carried something our worker code never sends: tool code wrote on
+        it. Nothing more it says can be trusted; replace it."""
+        log.error("worker %d sent a malformed message (%s); replacing it", slot.id, problem)
+        if slot.job is not None and slot.job.outcome is None:
+            slot.job.outcome = Result.failure(
+                slot.job.call_id, "crashed",
+                "the worker sent the executor a malformed message (did the tool write to a descriptor it "
+                "inherited?); it was killed")
+        self._kill(slot, "malformed message")
 
     def _result_from_reply(self, job: Job, slot: Slot, reply: dict[str, Any], restarted: bool) -> Result:
         error = None

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import psutil
 import pytest
 import zmq
@@ -548,3 +549,26 @@ def test_the_result_cache_is_bounded_in_bytes_not_only_in_entries(
         assert client.call(call).ok
     growth_mb = (supervisor.memory_info().rss - base) / 2**20
     assert growth_mb < 300, f"the supervisor grew by {growth_mb:.0f} MB over 600 MB of results"
+
+
+SCRIBBLES = {
+    "not msgpack": b"\xc1\xc1\xc1",
+    "not a map": msgpack.packb(5),
+    "error not a map": msgpack.packb({"ok": False, "error": "oops"}),
+    "unknown error kind": msgpack.packb({"ok": False, "error": {"kind": "meltdown", "message": "x"}}),
+    "no ok field": msgpack.packb({"value": 1}),
+    "stats of the wrong type": msgpack.packb({"ok": True, "value": 1, "wall_s": "fast"}),
+}
+
+
+@pytest.mark.parametrize("body", list(SCRIBBLES.values()), ids=list(SCRIBBLES))
+def test_a_tool_writing_on_the_workers_channel_costs_only_its_worker(
+    body: bytes, client: ExecutorClient, wire: Wire
+) -> None:
+    before = client.call(Call(tool="whoami"))
+    r = client.call(Call(tool="scribble_on_channel", args=[body]), timeout=HANG_TIMEOUT)
+    assert r.error is not None and r.error.kind == "crashed" and "malformed" in r.error.message, r
+    assert r.worker is not None and r.worker.restarted
+    wire.ping()
+    after = client.call(Call(tool="whoami"))
+    assert after.ok and after.value != before.value

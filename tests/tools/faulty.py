@@ -257,3 +257,21 @@ def kill_parent() -> None:
     under the same uid can, then hang."""
     os.kill(os.getppid(), signal.SIGKILL)
     time.sleep(3600)
+
+
+@tool
+def scribble_on_channel(body: bytes = b"\xc1") -> None:
+    """Write ``body`` as a length-prefixed frame on every inherited socket (the worker's channel to
+    the supervisor among them), as a confused or hostile tool might, then hang."""
+    import stat
+    import struct
+
+    frame = struct.pack("!I", len(body)) + body
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.write(fd, frame)
+        except OSError:
+            pass
+    time.sleep(3600)
