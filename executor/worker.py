@@ -216,11 +216,26 @@ def worker_loop(chan: socket.socket, tools: dict[str, Tool], defaults: Limits) -
             return
         reply, replace = run_call(req, tools, defaults)
         try:
-            framing.send(chan, reply)
+            data = framing.pack(reply)
+        except ValueError:  # UnicodeEncodeError: a message holds a surrogate escape (a non-UTF-8 file name)
+            data = framing.pack(_utf8_safe(reply))
+        try:
+            chan.sendall(data)
         except OSError:
             return
         if replace:
             return
+
+
+def _utf8_safe(obj: Any) -> Any:
+    """``obj`` with every string made encodable as UTF-8 (undecodable bytes shown as \\x.. escapes)."""
+    if isinstance(obj, str):
+        return obj.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(obj, dict):
+        return {k: _utf8_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_utf8_safe(v) for v in obj]
+    return obj
 
 
 def _cpu() -> float:

@@ -572,3 +572,24 @@ def test_a_tool_writing_on_the_workers_channel_costs_only_its_worker(
     wire.ping()
     after = client.call(Call(tool="whoami"))
     assert after.ok and after.value != before.value
+
+
+@pytest.mark.parametrize("where", ["error", "signal", "stdout", "value"])
+def test_text_that_is_not_utf8_comes_back_escaped_without_costing_the_worker(
+    where: str, client: ExecutorClient
+) -> None:
+    """Tools meet surrogate-escaped text whenever a file name is not UTF-8; wherever it ends up in a
+    result, the result arrives with it escaped (and the worker survives)."""
+    before = client.call(Call(tool="whoami"))
+    r = client.call(Call(tool="undecodable", args=[where]))
+    assert r.worker is not None and not r.worker.restarted, r.error
+    shown = {
+        "error": r.error.message if r.error else "",
+        "signal": r.signals[0].message if r.signals else "",
+        "stdout": r.stdout,
+        "value": r.value if r.value_is_repr else "",
+    }[where]
+    assert "name-\\udcff" in shown, r
+    if where == "error":
+        assert r.error is not None and r.error.kind == "tool_error" and r.error.type == "FileNotFoundError"
+    assert client.call(Call(tool="whoami")).value == before.value

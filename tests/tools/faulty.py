@@ -275,3 +275,17 @@ def scribble_on_channel(body: bytes = b"\xc1") -> None:
         except OSError:
             pass
     time.sleep(3600)
+
+
+@tool
+def undecodable(where: str = "error") -> str:
+    """Put text that cannot be encoded as UTF-8 (a surrogate escape, as os.listdir gives for a file
+    name that is not UTF-8) in the error message, a signal, stdout or the value."""
+    text = b"name-\xff".decode("utf-8", "surrogateescape")
+    if where == "error":
+        raise FileNotFoundError(f"no such file: {text}")
+    if where == "signal":
+        signals.note(text)
+    if where == "stdout":
+        print(text)
+    return text
