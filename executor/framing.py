@@ -12,6 +12,7 @@ import msgpack
 
 _HEADER = struct.Struct("!I")
 MAX_INTERNAL_FRAME = 128 * 1024 * 1024
+_CHUNK = 1 << 16  # per recv: a larger buffer costs an allocation (an mmap) on every read
 
 
 class FrameError(Exception):
@@ -79,13 +80,13 @@ class Reader:
         """Read what is available; return the complete frames and whether the peer closed."""
         closed = False
         try:
-            while True:
-                chunk = self.sock.recv(1 << 20)
+            while True:  # MSG_DONTWAIT: the socket stays blocking for sends
+                chunk = self.sock.recv(_CHUNK, socket.MSG_DONTWAIT)
                 if not chunk:
                     closed = True
                     break
                 self.buf += chunk
-                if len(chunk) < 1 << 20:
+                if len(chunk) < _CHUNK:
                     break
         except BlockingIOError:
             pass

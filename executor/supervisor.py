@@ -418,7 +418,6 @@ class Supervisor:
         if msg["op"] == "spawned":
             slot = self.slots[msg["slot"]]
             chan = socket.socket(fileno=fds[0])
-            chan.setblocking(False)
             slot.chan, slot.reader = chan, framing.Reader(chan)
             slot.out_fd, slot.err_fd = fds[1], fds[2]
             os.set_blocking(slot.out_fd, False)
@@ -452,12 +451,9 @@ class Supervisor:
             }
             assert slot.chan is not None
             try:
-                slot.chan.setblocking(True)
-                framing.send(slot.chan, request)
+                framing.send(slot.chan, request)  # the worker is idle, reading: this does not block long
             except OSError:
                 pass  # the worker died; its channel's EOF will finish the job
-            finally:
-                slot.chan.setblocking(False)
 
     def _on_output(self, slot: Slot, fd: int, what: str, running: bool = True) -> bool:
         """Read one chunk of a worker's stdout/stderr; return whether anything was read. Over the
@@ -540,21 +536,28 @@ class Supervisor:
         self._kill(slot, "malformed message")
 
     def _result_from_reply(self, job: Job, slot: Slot, reply: dict[str, Any], restarted: bool) -> Result:
-        error = None
-        if not reply.get("ok"):
-            error = ErrorInfo.model_validate(reply["error"])
-        return Result(
+        """Build the result from a worker's reply. What the worker says (ok, value, error, signals,
+        stats) is validated, since tool code shares its process; what the supervisor knows itself is
+        not. This runs on every call, so it avoids validating twice."""
+        ok = reply["ok"]
+        if type(ok) is not bool:
+            raise TypeError("the reply's ok is not a bool")
+        error = None if ok else ErrorInfo.model_validate(reply["error"])
+        signals = reply.get("signals") or ()
+        stats = Stats(wall_s=reply.get("wall_s", 0.0), cpu_s=reply.get("cpu_s", 0.0),
+                      peak_rss_kb=reply.get("peak_rss_kb", 0))
+        return Result.model_construct(
             id=job.call_id,
-            ok=bool(reply.get("ok")),
+            ok=ok,
             value=reply.get("value"),
-            value_is_repr=bool(reply.get("value_is_repr", False)),
+            value_is_repr=reply.get("value_is_repr") is True,
             error=error,
-            stdout=job.stdout.decode(errors="replace"),
-            stderr=job.stderr.decode(errors="replace"),
-            signals=[Signal.model_validate(s) for s in reply.get("signals", ())],
-            worker=WorkerInfo(id=slot.id, pid=slot.pid, incarnation=slot.incarnation, restarted=restarted),
-            stats=Stats(wall_s=reply.get("wall_s", 0.0), cpu_s=reply.get("cpu_s", 0.0),
-                        peak_rss_kb=reply.get("peak_rss_kb", 0)),
+            stdout=job.stdout.decode(errors="replace") if job.stdout else "",
+            stderr=job.stderr.decode(errors="replace") if job.stderr else "",
+            signals=[Signal.model_validate(s) for s in signals],
+            worker=WorkerInfo.model_construct(id=slot.id, pid=slot.pid, incarnation=slot.incarnation,
+                                              restarted=restarted),
+            stats=stats,
             limits=job.limits,
             executor=self.executor_id,
         )

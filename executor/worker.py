@@ -58,6 +58,16 @@ def _child_pids() -> list[int]:
     return pids
 
 
+def _has_children() -> bool:
+    """Whether any child (running or a zombie) exists: one waitpid, no /proc reads. As a subreaper,
+    the worker inherits every orphan of the call, so "no child" means nothing was left behind."""
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return True  # running children (pid 0), or one zombie just reaped: look closer
+
+
 def kill_children(keep: frozenset[int] = frozenset(), rounds: int = 200) -> int:
     """SIGKILL and reap every child except ``keep``, repeating while new ones appear (a subreaper
     inherits the grandchildren of the ones it kills). Returns how many were killed."""
@@ -275,7 +285,7 @@ def run_call(req: dict[str, Any], tools: dict[str, Tool], defaults: Limits) -> t
         except Exception:
             pass
     reply["wall_s"] = time.perf_counter() - wall0
-    leftovers = kill_children() if _child_pids() else 0
+    leftovers = kill_children() if _has_children() else 0
     reply["cpu_s"] = _cpu() - cpu0
     reply["peak_rss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     reply["signals"] = [s.model_dump() for s in signals.drain()]

@@ -46,42 +46,63 @@ def _echo_server(endpoint: str, ready: Any) -> None:
         sock.send_multipart([ident, msgpack.packb(msg)])
 
 
-def bench_echo(endpoint: str, n: int) -> list[float]:
-    ready = multiprocessing.Event()
-    proc = multiprocessing.Process(target=_echo_server, args=(endpoint, ready), daemon=True)
-    proc.start()
-    ready.wait(10)
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(endpoint)
-    body = {"tool": "noop", "args": [], "kwargs": {}, "id": "x"}
+class Echo:
+    """A bare pyzmq DEALER/ROUTER msgpack echo between two processes: the yardstick."""
+
+    def __init__(self, endpoint: str) -> None:
+        ready = multiprocessing.Event()
+        self.proc = multiprocessing.Process(target=_echo_server, args=(endpoint, ready), daemon=True)
+        self.proc.start()
+        ready.wait(10)
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.connect(endpoint)
+        self.body = {"tool": "noop", "args": [], "kwargs": {}, "id": "x"}
+
+    def block(self, n: int) -> list[float]:
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            self.sock.send(msgpack.packb(self.body))
+            msgpack.unpackb(self.sock.recv())
+            times.append(time.perf_counter() - t0)
+        return times
+
+    def close(self) -> None:
+        self.sock.send(msgpack.packb("stop"))
+        self.proc.join(5)
+        self.sock.close(0)
+
+
+class RawExecutor:
+    """No-op calls through the executor from a plain DEALER (no client thread)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.connect(endpoint)
+        self.sock.send_multipart(encode(Ping()))
+        self.sock.recv_multipart()
+        self.i = 0
+
+    def block(self, n: int) -> list[float]:
+        times = []
+        for _ in range(n):
+            self.i += 1
+            call = Call(id=f"raw{self.i}", tool="noop")
+            t0 = time.perf_counter()
+            self.sock.send_multipart(encode(call))
+            result = decode(self.sock.recv_multipart())
+            times.append(time.perf_counter() - t0)
+            assert getattr(result, "ok", False), result
+        return times
+
+
+def client_block(client: Any, n: int) -> list[float]:
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
-        sock.send(msgpack.packb(body))
-        msgpack.unpackb(sock.recv())
+        r = client.call(Call(tool="noop"))
         times.append(time.perf_counter() - t0)
-    sock.send(msgpack.packb("stop"))
-    proc.join(5)
-    sock.close(0)
-    return times
-
-
-def bench_raw_executor(endpoint: str, n: int) -> list[float]:
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.connect(endpoint)
-    sock.send_multipart(encode(Ping()))
-    sock.recv_multipart()
-    times = []
-    for i in range(n):
-        call = Call(id=f"raw{i}", tool="noop")
-        t0 = time.perf_counter()
-        sock.send_multipart(encode(call))
-        result = decode(sock.recv_multipart())
-        times.append(time.perf_counter() - t0)
-        assert getattr(result, "ok", False), result
-    sock.close(0)
+        assert r.ok, r
     return times
 
 
@@ -99,26 +120,33 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=5000, help="round trips per measurement (default 5000)")
     parser.add_argument("--rounds", type=int, default=20, help="crash and hang rounds (default 20)")
+    parser.add_argument("--log-level", default="info", help="the executor's log level (default info: a line per call)")
     parser.add_argument("--out", default=str(ROOT / "bench-results" / "executor.json"))
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="ciayn-bench-")
-    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
+    results: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+                                           "load_avg_1m": os.getloadavg()[0]}, "log_level": args.log_level}
 
-    print(f"bare pyzmq DEALER/ROUTER msgpack echo, {args.calls} round trips ...", file=sys.stderr)
-    echo = bench_echo(f"ipc://{tmp}/echo.sock", args.calls)
-    with LocalExecutor(tools=[FAULTY], timeout=1, log_level="warning") as client:
-        endpoint = client.endpoint
-        print(f"no-op call through the executor (raw DEALER), {args.calls} round trips ...", file=sys.stderr)
-        raw = bench_raw_executor(endpoint, args.calls)
-        print(f"no-op call through ExecutorClient, {args.calls} round trips ...", file=sys.stderr)
-        via_client = []
-        for _ in range(args.calls):
-            t0 = time.perf_counter()
-            r = client.call(Call(tool="noop"))
-            via_client.append(time.perf_counter() - t0)
-            assert r.ok, r
-        # The echo again, interleaved, so load drift shows.
-        echo2 = bench_echo(f"ipc://{tmp}/echo2.sock", args.calls)
+    block = 250
+    rounds = max(1, args.calls // block)
+    print(f"echo vs executor vs client: {rounds} interleaved rounds of {block} round trips each ...",
+          file=sys.stderr)
+    echo: list[float] = []
+    raw: list[float] = []
+    via_client: list[float] = []
+    round_ratios: list[float] = []
+    echo_server = Echo(f"ipc://{tmp}/echo.sock")
+    with LocalExecutor(tools=[FAULTY], timeout=1, log_level=args.log_level) as client:
+        raw_executor = RawExecutor(client.endpoint)
+        raw_executor.block(200)  # warm-up
+        for _ in range(rounds):
+            e = echo_server.block(block)
+            r = raw_executor.block(block)
+            via_client += client_block(client, block)
+            echo += e
+            raw += r
+            round_ratios.append(statistics.median(r) / statistics.median(e))
+        echo_server.close()
 
         print(f"crash -> replacement ready, {args.rounds} rounds ...", file=sys.stderr)
         replacement = []
@@ -138,11 +166,11 @@ def main() -> int:
             overshoot.append(time.perf_counter() - t0 - 1.0)
             assert hung.error is not None and hung.error.kind == "timeout", hung
 
-    echo_all = echo + echo2
-    results["echo"] = summarize(echo_all)
+    results["echo"] = summarize(echo)
     results["executor_raw"] = summarize(raw)
     results["executor_client"] = summarize(via_client)
-    results["ratio_raw_vs_echo"] = results["executor_raw"]["median_us"] / results["echo"]["median_us"]
+    results["ratio_raw_vs_echo"] = statistics.median(round_ratios)  # per round, side by side
+    results["ratio_raw_vs_echo_rounds"] = [round(x, 2) for x in round_ratios]
     results["ratio_client_vs_echo"] = results["executor_client"]["median_us"] / results["echo"]["median_us"]
     results["replacement_after_crash_ms"] = {k: v / 1000 for k, v in summarize(replacement).items() if k != "n"}
     results["timeout_overshoot_ms"] = {k: v / 1000 for k, v in summarize(overshoot).items() if k != "n"}
