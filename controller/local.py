@@ -28,6 +28,8 @@ _FLAG_NAMES = {
     "max_queue": "--max-queue",
     "profile": "--profile",
     "log_level": "--log-level",
+    "max_processes": "--max-processes",
+    "no_cgroups": "--no-cgroups",  # a switch: True adds it
 }
 
 
@@ -82,7 +84,9 @@ class LocalExecutor:
         if self.workspace is not None:
             cmd += ["--workspace", str(self.workspace)]
         for key, value in self.limits.items():
-            if value is not None:
+            if value is True:
+                cmd.append(_FLAG_NAMES[key])
+            elif value is not None and value is not False:
                 cmd += [_FLAG_NAMES[key], str(value)]
         return cmd
 

@@ -62,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="calls waiting for a worker before new ones are refused (default: 256)")
     serve.add_argument("--profile", choices=["default"], default="default",
                        help="isolation profile (default: rlimits, subreaper, whole-tree kill)")
+    serve.add_argument("--no-cgroups", action="store_true",
+                       help="do not put workers in control groups even where the machine offers them "
+                       "(by default, as root: a memory and a pids group per worker, killed as a whole)")
+    serve.add_argument("--max-processes", type=_positive(int), default=d.processes,
+                       help=f"processes per worker, where a pids cgroup enforces it (default: {d.processes})")
     serve.add_argument("--workspace", metavar="DIR", default=None,
                        help="root directory the file tools are confined to; the workers' cwd (default: cwd)")
     serve.add_argument("--parent-pid", type=int, default=None, metavar="PID",
@@ -87,10 +92,12 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"ciayn-executor: workspace {args.workspace!r} is not a directory", file=sys.stderr)
         return 2
     limits = Limits(timeout_s=args.timeout, cpu_s=args.cpu_s, memory_mb=args.memory_mb,
-                    max_output_kb=args.max_output_kb, max_result_kb=args.max_result_kb)
+                    max_output_kb=args.max_output_kb, max_result_kb=args.max_result_kb,
+                    processes=args.max_processes)
     supervisor = Supervisor(
         args.tools, args.bind, limits=limits, workers=args.workers, max_queue=args.max_queue,
         workspace=args.workspace, parent_pid=args.parent_pid, profile=args.profile,
+        use_cgroups=not args.no_cgroups,
     )
     try:
         return supervisor.serve()

@@ -103,6 +103,7 @@ class Supervisor:
         workspace: str | None = None,
         parent_pid: int | None = None,
         profile: str = "default",
+        use_cgroups: bool = True,
     ) -> None:
         self.targets = tools
         self.endpoint = endpoint
@@ -112,6 +113,8 @@ class Supervisor:
         self.workspace = workspace
         self.parent_pid = parent_pid
         self.profile = profile
+        self.use_cgroups = use_cgroups
+        self.cgroups = ""
         self.executor_id = uuid.uuid4().hex[:12]
         self.incarnation = time.time_ns() // 1000 % (1 << 53)  # distinct across restarts
         self.specs: dict[str, ToolSpec] = {}
@@ -138,7 +141,7 @@ class Supervisor:
         pid = os.fork()
         if pid == 0:
             ours.close()
-            template_main(theirs, self.targets, self.limits)
+            template_main(theirs, self.targets, self.limits, self.executor_id, self.use_cgroups)
         theirs.close()
         self.template_pid, self.template = pid, ours
         ours.settimeout(TEMPLATE_START_TIMEOUT)
@@ -150,6 +153,7 @@ class Supervisor:
         if first.get("op") == "error":
             raise StartupError(first["message"])
         self.specs = {s["name"]: ToolSpec.model_validate(s) for s in first["specs"]}
+        self.cgroups = first.get("cgroups") or ""
 
     def serve(self) -> int:
         parent_fd = self._watch_parent()  # first: a dead parent must not leave a socket file behind
@@ -183,9 +187,9 @@ class Supervisor:
         for slot in self.slots:
             self._spawn(slot)
         log.info(
-            "serving %d tools on %s (workers: %d, profile: %s, timeout %.0fs, memory %d MB)",
+            "serving %d tools on %s (workers: %d, profile: %s, timeout %.0fs, memory %d MB, cgroups: %s)",
             len(self.specs), self.endpoint, self.n_workers, self.profile, self.limits.timeout_s,
-            self.limits.memory_mb,
+            self.limits.memory_mb, self.cgroups or "none (rlimits and subreaper only)",
         )
         try:
             self._loop(wake_r, parent_fd)
@@ -432,7 +436,7 @@ class Supervisor:
         elif msg["op"] == "exited":
             slot = next((s for s in self.slots if s.pid == msg["pid"]), None)
             if slot is not None:
-                self._worker_gone(slot, msg.get("signal") or 0, msg.get("code"))
+                self._worker_gone(slot, msg.get("signal") or 0, msg.get("code"), oom=bool(msg.get("oom")))
 
     def _dispatch(self) -> None:
         while self.queue:
@@ -590,13 +594,13 @@ class Supervisor:
                 else:
                     self._worker_gone(slot, 0, None)
 
-    def _worker_gone(self, slot: Slot, sig: int, code: int | None) -> None:
+    def _worker_gone(self, slot: Slot, sig: int, code: int | None, oom: bool = False) -> None:
         """The worker process is dead: finish its call, free its slot, make a new one."""
         job = slot.job
         if job is not None:
             self._drain_output(slot)
             wall = time.monotonic() - job.started
-            result = job.outcome or self._death_result(job, sig, code)
+            result = job.outcome or self._death_result(job, sig, code, oom)
             assert result.error is not None
             if result.error.kind == "crashed":
                 result.error.signal = sig or None
@@ -611,23 +615,22 @@ class Supervisor:
         self._close_slot(slot)
         self._spawn(slot)
 
-    def _death_result(self, job: Job, sig: int, code: int | None) -> Result:
+    def _death_result(self, job: Job, sig: int, code: int | None, oom: bool = False) -> Result:
         cid = job.call_id
+        if oom:
+            return Result.failure(cid, "memory", f"the tool (with the processes it started) went over its "
+                                  f"{job.limits.memory_mb} MB memory limit and was killed")
         if sig == signal.SIGXCPU:
             return Result.failure(cid, "timeout", f"the tool used more than {job.limits.effective_cpu_s()} s of "
                                   "CPU time and was killed")
         if sig == signal.SIGKILL:
-            return Result.failure(cid, "memory" if self._oom_suspected(job) else "crashed",
-                                  "the worker was killed (SIGKILL) while running the tool")
+            return Result.failure(cid, "crashed", "the worker was killed (SIGKILL) while running the tool")
         if sig:
             name = signal.Signals(sig).name if sig in signal.Signals.__members__.values() else str(sig)
             return Result.failure(cid, "crashed", f"the worker died from signal {name} while running the tool")
         if code is not None:
             return Result.failure(cid, "crashed", f"the worker process exited with code {code} while running the tool")
         return Result.failure(cid, "crashed", "the worker process disappeared while running the tool")
-
-    def _oom_suspected(self, job: Job) -> bool:
-        return False  # without a memory cgroup a SIGKILL is not attributed to memory
 
     def _close_slot(self, slot: Slot) -> None:
         for fd in (slot.chan.fileno() if slot.chan else -1, slot.out_fd, slot.err_fd):

@@ -28,6 +28,7 @@ from typing import Any
 import msgpack
 
 from executor import framing, signals
+from executor.cgroups import CgroupSupport, Group
 from executor.limits import apply_call_limits, apply_process_limits
 from executor.registry import RegistryError, Tool, load_tools
 from protocol import BindError, Limits, ValueRefused, check_value
@@ -94,9 +95,12 @@ def kill_children(keep: frozenset[int] = frozenset(), rounds: int = 200) -> int:
 # template
 
 
-def template_main(chan: socket.socket, targets: list[str], limits: Limits) -> None:
-    """Entry of the template process (never returns)."""
+def template_main(chan: socket.socket, targets: list[str], limits: Limits, name: str = "x",
+                  use_cgroups: bool = True) -> None:
+    """Entry of the template process (never returns). ``name`` (the executor's id) names the
+    per-worker control groups, made when the machine offers them and ``use_cgroups`` is set."""
     code = 0
+    pool = _Workers(CgroupSupport.detect() if use_cgroups else None, name, limits)
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -106,42 +110,83 @@ def template_main(chan: socket.socket, targets: list[str], limits: Limits) -> No
         except RegistryError as e:
             framing.send(chan, {"op": "error", "message": str(e)})
             os._exit(3)
-        framing.send(chan, {"op": "tools", "specs": [t.spec.model_dump() for t in tools.values()]})
-        _template_loop(chan, tools, limits)
+        framing.send(chan, {"op": "tools", "specs": [t.spec.model_dump() for t in tools.values()],
+                            "cgroups": pool.cgroups.describe() if pool.cgroups else ""})
+        _template_loop(chan, tools, limits, pool)
     except BaseException:
         traceback.print_exc()
         code = 1
-        kill_children()  # the workers die with us (PDEATHSIG); what they left must not go to init
+    kill_children()  # the workers die with us (PDEATHSIG); what they left must not go to init
+    pool.remove_all()
     os._exit(code)
 
 
-def _template_loop(chan: socket.socket, tools: dict[str, Tool], limits: Limits) -> None:
+class _Workers:
+    """The template's live workers and their control groups."""
+
+    def __init__(self, cgroups: CgroupSupport | None, name: str, limits: Limits) -> None:
+        self.cgroups = cgroups
+        self.name = name
+        self.limits = limits
+        self.groups: dict[int, Group | None] = {}
+        self.count = 0
+
+    def new_group(self, slot: int) -> Group | None:
+        if self.cgroups is None:
+            return None
+        self.count += 1
+        try:
+            return self.cgroups.create(f"{self.name}-{slot}-{self.count}", self.limits.memory_mb,
+                                       self.limits.processes)
+        except OSError as e:
+            print(f"ciayn-executor: cannot make control groups for a worker ({e}); rlimits only", file=sys.stderr)
+            return None
+
+    def gone(self, pid: int) -> bool:
+        """A worker died: kill its group and everything it left, remove the group. Returns whether
+        the kernel OOM-killed something in it."""
+        group = self.groups.pop(pid, None)
+        oom = group.oom_killed() if group is not None else False
+        if group is not None:
+            group.kill_all()
+        kill_children(keep=frozenset(self.groups))  # as subreaper, the dead worker's orphans are ours
+        if group is not None:
+            group.remove()
+        return oom
+
+    def remove_all(self) -> None:
+        for group in self.groups.values():
+            if group is not None:
+                group.kill_all()
+                group.remove()
+        self.groups.clear()
+
+
+def _template_loop(chan: socket.socket, tools: dict[str, Tool], limits: Limits, pool: _Workers) -> None:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    workers: set[int] = set()
     while True:
         ready, _, _ = select.select([chan.fileno(), wake_r], [], [])
         if wake_r in ready:
             os.read(wake_r, 4096)
-            if not _reap(chan, workers):
-                kill_children()  # the supervisor is gone: so are the workers and all they left
-                return
+            if not _reap(chan, pool):
+                return  # the supervisor is gone: so are the workers and all they left
         if chan.fileno() in ready:
             try:
                 req = framing.recv(chan)
             except EOFError:
-                kill_children()
                 return
             if req.get("op") == "spawn":
-                pid = _spawn_worker(chan, req, tools, limits, wake_r, wake_w)
-                workers.add(pid)
+                group = pool.new_group(req["slot"])
+                pid = _spawn_worker(chan, req, tools, limits, group, wake_r, wake_w)
+                pool.groups[pid] = group
 
 
-def _reap(chan: socket.socket, workers: set[int]) -> bool:
+def _reap(chan: socket.socket, pool: _Workers) -> bool:
     """Reap dead children, report dead workers; False when the supervisor can no longer be told
     (it closed the channel: shutting down)."""
     while True:
@@ -151,20 +196,19 @@ def _reap(chan: socket.socket, workers: set[int]) -> bool:
             return True
         if pid == 0:
             return True
-        if pid in workers:
-            workers.discard(pid)
-            # Whatever the dead worker left behind is now ours: kill it.
-            kill_children(keep=frozenset(workers))
+        if pid in pool.groups:
+            oom = pool.gone(pid)
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
             try:
-                framing.send(chan, {"op": "exited", "pid": pid, "signal": sig, "code": code})
+                framing.send(chan, {"op": "exited", "pid": pid, "signal": sig, "code": code, "oom": oom})
             except OSError:
                 return False
 
 
 def _spawn_worker(
-    chan: socket.socket, req: dict[str, Any], tools: dict[str, Tool], limits: Limits, *close: int
+    chan: socket.socket, req: dict[str, Any], tools: dict[str, Tool], limits: Limits, group: Group | None,
+    *close: int,
 ) -> int:
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     out_r, out_w = os.pipe()
@@ -178,6 +222,8 @@ def _spawn_worker(
             for fd in (out_r, err_r, *close):
                 os.close(fd)
             signal.set_wakeup_fd(-1)
+            if group is not None:
+                group.join()  # before any tool code: memory, process count and kill cover all it starts
             _worker_setup(out_w, err_w, limits)
             worker_loop(child_end, tools, limits)
         except BaseException:

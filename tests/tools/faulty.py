@@ -289,3 +289,39 @@ def undecodable(where: str = "error") -> str:
     if where == "stdout":
         print(text)
     return text
+
+
+@tool
+def allocate_shared(mb: int = 1024) -> int:
+    """Touch shared anonymous memory, which RLIMIT_DATA does not count (only a memory cgroup stops it)."""
+    import mmap
+
+    region = mmap.mmap(-1, mb * 1024 * 1024)
+    for offset in range(0, len(region), 4096):
+        region[offset] = 1
+    return len(region)
+
+
+@tool
+def child_eats_memory(mb: int = 1024) -> int:
+    """Start a child process that allocates memory (RLIMIT_DATA is per process; a cgroup is per tree)."""
+    import subprocess
+
+    code = f"x = [bytearray(16 << 20) for _ in range({mb // 16})]"
+    return subprocess.run([sys.executable, "-c", code], check=False).returncode
+
+
+@tool
+def fork_bomb(limit: int = 2000) -> int:
+    """Fork sleeping children until fork fails or `limit` is reached; return how many were started."""
+    started = 0
+    for _ in range(limit):
+        try:
+            pid = os.fork()
+        except OSError:
+            break
+        if pid == 0:
+            time.sleep(3600)
+            os._exit(0)
+        started += 1
+    return started

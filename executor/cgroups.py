@@ -1,0 +1,190 @@
+"""Per-worker control groups, where the machine offers them (root, cgroup hierarchies mounted).
+
+Each worker gets its own groups, made by the template before it forks the worker and joined by
+the worker before it runs any tool:
+
+- **memory** (v1 ``memory.limit_in_bytes`` or v2 ``memory.max``): caps the whole process tree, which
+  ``RLIMIT_DATA`` cannot (it is per process, and does not count shared mappings). Over the limit
+  the kernel OOM-kills the worker; the template reads the group's OOM counter and reports it, so the
+  call is answered ``memory`` rather than ``crashed``.
+- **pids** (v1 or v2 ``pids.max``): caps the number of processes, even for root (``RLIMIT_NPROC``
+  does not bind root).
+- **kill** (v2 ``cgroup.kill``): kills every process in the group at once, daemons included, with
+  no race against a fork bomb.
+
+Groups are nested under the executor's own group in each hierarchy (so the machine's accounting
+still covers them) and removed when the worker is gone. On machines without cgroups (no root, no
+mounts) ``CgroupSupport.detect()`` returns None and the executor relies on rlimits plus the
+subreaper kill.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+PREFIX = "ciayn-"
+EMPTY_WAIT = 1.0  # seconds to wait for a killed group to empty before removing it
+
+
+def _own_path(controller: str) -> str | None:
+    """This process's group path in the hierarchy of ``controller`` (v1), or the v2 path for ''."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return path
+    return None
+
+
+def _writable_dir(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.W_OK)
+
+
+@dataclass(frozen=True)
+class Group:
+    """One worker's groups; any of the paths may be missing."""
+
+    memory: Path | None
+    pids: Path | None
+    kill: Path | None
+
+    def paths(self) -> list[Path]:
+        return [p for p in (self.memory, self.pids, self.kill) if p is not None]
+
+    def join(self) -> None:
+        """Move the calling process into every group (the worker, before running tools)."""
+        for path in self.paths():
+            (path / "cgroup.procs").write_text("0")
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel OOM-killed a process in the memory group."""
+        if self.memory is None:
+            return False
+        try:
+            for name in ("memory.oom_control", "memory.events"):
+                f = self.memory / name
+                if f.exists():
+                    for line in f.read_text().splitlines():
+                        key, _, value = line.partition(" ")
+                        if key == "oom_kill" and int(value or 0) > 0:
+                            return True
+        except (OSError, ValueError):
+            return False
+        return False
+
+    def kill_all(self) -> None:
+        """SIGKILL everything in the group (v2 cgroup.kill); the template reaps what was its child."""
+        if self.kill is not None:
+            with contextlib.suppress(OSError):
+                (self.kill / "cgroup.kill").write_text("1")
+
+    def remove(self) -> None:
+        deadline = time.monotonic() + EMPTY_WAIT
+        for path in self.paths():
+            while True:
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:  # still populated (processes exiting): retry briefly
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.005)
+
+
+@dataclass(frozen=True)
+class CgroupSupport:
+    """Where per-worker groups can be made on this machine."""
+
+    memory_parent: Path | None
+    memory_v2: bool
+    pids_parent: Path | None
+    kill_parent: Path | None
+
+    @classmethod
+    def detect(cls) -> CgroupSupport | None:
+        if os.geteuid() != 0:
+            return None
+        memory_parent = pids_parent = kill_parent = None
+        memory_v2 = False
+        v2_root = ROOT / "unified" if (ROOT / "unified" / "cgroup.procs").exists() else ROOT
+        v2_own = _own_path("")
+        v2_parent = v2_root / v2_own.lstrip("/") if v2_own is not None else None
+        v2_controllers: set[str] = set()
+        if v2_parent is not None and (v2_parent / "cgroup.controllers").exists():
+            with contextlib.suppress(OSError):
+                v2_controllers = set((v2_parent / "cgroup.controllers").read_text().split())
+        if v2_parent is not None and _writable_dir(v2_parent) and (v2_parent / "cgroup.procs").exists():
+            kill_parent = v2_parent  # cgroup.kill itself is checked on each new group (kernel >= 5.14)
+        mem_own = _own_path("memory")
+        if mem_own is not None and _writable_dir(ROOT / "memory" / mem_own.lstrip("/")):
+            memory_parent = ROOT / "memory" / mem_own.lstrip("/")
+        elif "memory" in v2_controllers and v2_parent is not None and _writable_dir(v2_parent):
+            memory_parent, memory_v2 = v2_parent, True
+        pids_own = _own_path("pids")
+        if pids_own is not None and _writable_dir(ROOT / "pids" / pids_own.lstrip("/")):
+            pids_parent = ROOT / "pids" / pids_own.lstrip("/")
+        elif "pids" in v2_controllers and v2_parent is not None and _writable_dir(v2_parent):
+            pids_parent = v2_parent
+        if memory_parent is None and pids_parent is None and kill_parent is None:
+            return None
+        return cls(memory_parent, memory_v2, pids_parent, kill_parent)
+
+    def describe(self) -> str:
+        parts = []
+        if self.memory_parent is not None:
+            parts.append(f"memory ({'v2' if self.memory_v2 else 'v1'})")
+        if self.pids_parent is not None:
+            parts.append("pids")
+        if self.kill_parent is not None:
+            parts.append("cgroup.kill")
+        return ", ".join(parts)
+
+    def create(self, name: str, memory_mb: int, processes: int) -> Group:
+        """Make one worker's groups (removing stale ones of the same name first)."""
+        memory = self._make(self.memory_parent, name)
+        if memory is not None:
+            limit = str(memory_mb * 1024 * 1024)
+            (memory / ("memory.max" if self.memory_v2 else "memory.limit_in_bytes")).write_text(limit)
+            if not self.memory_v2:
+                with contextlib.suppress(OSError):  # no swap accounting on some kernels
+                    (memory / "memory.memsw.limit_in_bytes").write_text(limit)
+            elif (memory / "memory.swap.max").exists():
+                (memory / "memory.swap.max").write_text("0")
+        pids = self._make(self.pids_parent, name) if self.pids_parent != self.memory_parent else memory
+        if pids is not None:
+            (pids / "pids.max").write_text(str(processes))
+        if self.kill_parent in (self.memory_parent, self.pids_parent):
+            kill = memory if self.kill_parent == self.memory_parent else pids
+        else:
+            kill = self._make(self.kill_parent, name)
+        if kill is not None and not (kill / "cgroup.kill").exists():
+            kill = None
+        return Group(memory=memory, pids=pids, kill=kill)
+
+    @staticmethod
+    def _make(parent: Path | None, name: str) -> Path | None:
+        if parent is None:
+            return None
+        path = parent / f"{PREFIX}{name}"
+        if path.exists():
+            Group(path, None, None).remove()
+        path.mkdir()
+        return path
+
+    def sweep(self, executor_prefix: str) -> None:
+        """Remove leftover groups of an earlier executor run with this prefix (best effort)."""
+        for parent in {self.memory_parent, self.pids_parent, self.kill_parent} - {None}:
+            assert parent is not None
+            for child in parent.glob(f"{PREFIX}{executor_prefix}*"):
+                with contextlib.suppress(OSError):
+                    child.rmdir()

@@ -1,0 +1,68 @@
+"""Per-worker control groups (as root, where cgroups are mounted): memory over the whole process
+tree, a process count that binds root, and whole-group kill; removed when workers go."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from controller import ExecutorClient
+from executor.cgroups import CgroupSupport
+from protocol import Call
+
+SUPPORT = CgroupSupport.detect()
+pytestmark = pytest.mark.skipif(SUPPORT is None, reason="needs root and mounted cgroup hierarchies (memory/pids)")
+
+
+def _groups_of(executor_id: str) -> list[Path]:
+    assert SUPPORT is not None
+    parents = {SUPPORT.memory_parent, SUPPORT.pids_parent, SUPPORT.kill_parent} - {None}
+    return [g for parent in parents if parent is not None for g in parent.glob(f"ciayn-{executor_id}-*")]
+
+
+def test_shared_memory_that_rlimits_miss_is_stopped_by_the_memory_group(
+    make_client: Callable[..., ExecutorClient],
+) -> None:
+    if SUPPORT is None or SUPPORT.memory_parent is None:
+        pytest.skip("no memory cgroup here")
+    client = make_client(memory_mb=128, timeout=20)
+    result = client.call(Call(tool="allocate_shared", args=[512]))
+    assert result.error is not None and result.error.kind == "memory", result
+    assert result.worker is not None and result.worker.restarted
+    after = client.call(Call(tool="counter"))
+    assert after.ok and after.value == 1  # a fresh worker
+
+
+def test_without_cgroups_the_same_shared_memory_is_not_stopped(make_client: Callable[..., ExecutorClient]) -> None:
+    client = make_client(memory_mb=128, timeout=20, no_cgroups=True)
+    result = client.call(Call(tool="allocate_shared", args=[256]))
+    assert result.ok and result.value == 256 * 1024 * 1024  # what the cgroup layer adds
+
+
+def test_a_fork_bomb_is_bounded_by_the_pids_group_even_as_root(make_client: Callable[..., ExecutorClient]) -> None:
+    if SUPPORT is None or SUPPORT.pids_parent is None:
+        pytest.skip("no pids cgroup here")
+    client = make_client(max_processes=40, timeout=20)
+    result = client.call(Call(tool="fork_bomb", args=[1000]))
+    assert result.ok and 0 < result.value < 40, result  # the worker itself counts too
+    assert client.call(Call(tool="noop")).ok
+
+
+def test_each_worker_has_its_groups_and_they_are_removed_with_the_executor(
+    make_client: Callable[..., ExecutorClient],
+) -> None:
+    client = make_client(workers=2)
+    assert client.call(Call(tool="noop")).ok
+    welcome = client.welcome
+    assert welcome is not None
+    groups = _groups_of(welcome.executor)
+    per_worker = {g.name for g in groups}
+    assert len(per_worker) == 2, groups  # one set per worker
+    crashed = client.call(Call(tool="segfault"))
+    assert crashed.error is not None and crashed.error.kind == "crashed"
+    assert client.call(Call(tool="noop")).ok
+    assert {g.name for g in _groups_of(welcome.executor)} != per_worker  # the dead worker's group went
+    client.local.stop()  # type: ignore[attr-defined]
+    assert _groups_of(welcome.executor) == []
