@@ -181,10 +181,14 @@ class CgroupSupport:
         path.mkdir()
         return path
 
-    def sweep(self, executor_prefix: str) -> None:
-        """Remove leftover groups of an earlier executor run with this prefix (best effort)."""
+    def sweep(self) -> int:
+        """Remove empty groups left by executors that died without cleaning up (SIGKILL). rmdir only
+        succeeds on a group with no process in it, so live executors' groups are untouched."""
+        removed = 0
         for parent in {self.memory_parent, self.pids_parent, self.kill_parent} - {None}:
             assert parent is not None
-            for child in parent.glob(f"{PREFIX}{executor_prefix}*"):
+            for child in parent.glob(f"{PREFIX}*"):
                 with contextlib.suppress(OSError):
                     child.rmdir()
+                    removed += 1
+        return removed

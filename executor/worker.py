@@ -101,6 +101,8 @@ def template_main(chan: socket.socket, targets: list[str], limits: Limits, name:
     per-worker control groups, made when the machine offers them and ``use_cgroups`` is set."""
     code = 0
     pool = _Workers(CgroupSupport.detect() if use_cgroups else None, name, limits)
+    if pool.cgroups is not None:
+        pool.cgroups.sweep()
     try:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
