@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
 PREFIX = "ciayn-"
+SWEEP_MIN_AGE = 60.0  # seconds: empty groups older than this are leftovers
 EMPTY_WAIT = 1.0  # seconds to wait for a killed group to empty before removing it
 
 
@@ -183,12 +184,15 @@ class CgroupSupport:
 
     def sweep(self) -> int:
         """Remove empty groups left by executors that died without cleaning up (SIGKILL). rmdir only
-        succeeds on a group with no process in it, so live executors' groups are untouched."""
+        succeeds on a group with no process in it, so live executors' groups are untouched; a group
+        younger than ``SWEEP_MIN_AGE`` may be one another executor made and is about to join."""
         removed = 0
+        cutoff = time.time() - SWEEP_MIN_AGE
         for parent in {self.memory_parent, self.pids_parent, self.kill_parent} - {None}:
             assert parent is not None
             for child in parent.glob(f"{PREFIX}*"):
                 with contextlib.suppress(OSError):
-                    child.rmdir()
-                    removed += 1
+                    if child.stat().st_mtime < cutoff:
+                        child.rmdir()
+                        removed += 1
         return removed
