@@ -71,17 +71,38 @@ def build_parser() -> argparse.ArgumentParser:
                        help="root directory the file tools are confined to; the workers' cwd (default: cwd)")
     serve.add_argument("--parent-pid", type=int, default=None, metavar="PID",
                        help="exit when this process exits (used by controllers that start the executor)")
+    serve.add_argument("--curve-secret", metavar="FILE",
+                       help="CurveZMQ: encrypt every connection with this server key (a .key_secret file "
+                       "from `ciayn-executor keygen`)")
+    serve.add_argument("--curve-clients", metavar="DIR",
+                       help="CurveZMQ: accept only clients whose public key file is in DIR (needs --curve-secret)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="stderr log verbosity (default: info)")
+    keygen = sub.add_parser("keygen", help="write a CurveZMQ key pair (NAME.key, NAME.key_secret) into DIR",
+                            description="Write a CurveZMQ key pair for an executor or a client: DIR/NAME.key is "
+                            "the public key (give it to the other side), DIR/NAME.key_secret the secret one "
+                            "(mode 0600).")
+    keygen.add_argument("dir", metavar="DIR")
+    keygen.add_argument("name", metavar="NAME")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+    logging.basicConfig(stream=sys.stderr, level=getattr(args, "log_level", "info").upper(),
                         format=f"ciayn-executor[{os.getpid()}] %(levelname)s %(message)s")
     if args.command == "serve":
         return _serve(args)
+    if args.command == "keygen":
+        from executor.curve import CurveError, keygen
+
+        try:
+            public, secret = keygen(args.dir, args.name)
+        except CurveError as e:
+            print(f"ciayn-executor: {e}", file=sys.stderr)
+            return 1
+        print(f"public key: {public}\nsecret key: {secret} (keep it private)")
+        return 0
     return 2
 
 
@@ -91,13 +112,16 @@ def _serve(args: argparse.Namespace) -> int:
     if args.workspace and not os.path.isdir(args.workspace):
         print(f"ciayn-executor: workspace {args.workspace!r} is not a directory", file=sys.stderr)
         return 2
+    if args.curve_clients and not args.curve_secret:
+        print("ciayn-executor: --curve-clients needs --curve-secret (the server's own key)", file=sys.stderr)
+        return 2
     limits = Limits(timeout_s=args.timeout, cpu_s=args.cpu_s, memory_mb=args.memory_mb,
                     max_output_kb=args.max_output_kb, max_result_kb=args.max_result_kb,
                     processes=args.max_processes)
     supervisor = Supervisor(
         args.tools, args.bind, limits=limits, workers=args.workers, max_queue=args.max_queue,
         workspace=args.workspace, parent_pid=args.parent_pid, profile=args.profile,
-        use_cgroups=not args.no_cgroups,
+        use_cgroups=not args.no_cgroups, curve_secret=args.curve_secret, curve_clients=args.curve_clients,
     )
     try:
         return supervisor.serve()

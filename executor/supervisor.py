@@ -104,6 +104,8 @@ class Supervisor:
         parent_pid: int | None = None,
         profile: str = "default",
         use_cgroups: bool = True,
+        curve_secret: str | None = None,
+        curve_clients: str | None = None,
     ) -> None:
         self.targets = tools
         self.endpoint = endpoint
@@ -114,6 +116,9 @@ class Supervisor:
         self.parent_pid = parent_pid
         self.profile = profile
         self.use_cgroups = use_cgroups
+        self.curve_secret = curve_secret
+        self.curve_clients = curve_clients
+        self.auth: Any = None
         self.cgroups = ""
         self.executor_id = uuid.uuid4().hex[:12]
         self.incarnation = time.time_ns() // 1000 % (1 << 53)  # distinct across restarts
@@ -164,6 +169,17 @@ class Supervisor:
         sock.setsockopt(zmq.LINGER, SHUTDOWN_LINGER_MS)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self.auth = None
+        if self.curve_secret:
+            from executor.curve import CurveError, secure_server
+
+            try:
+                self.auth = secure_server(ctx, sock, self.curve_secret, self.curve_clients)
+            except CurveError as e:
+                sock.close(0)
+                ctx.term()
+                self._stop_template()
+                raise StartupError(str(e)) from None
         try:
             sock.bind(self.endpoint)
         except zmq.ZMQError as e:
@@ -187,15 +203,21 @@ class Supervisor:
         for slot in self.slots:
             self._spawn(slot)
         log.info(
-            "serving %d tools on %s (workers: %d, profile: %s, timeout %.0fs, memory %d MB, cgroups: %s)",
+            "serving %d tools on %s (workers: %d, profile: %s, timeout %.0fs, memory %d MB, cgroups: %s, curve: %s)",
             len(self.specs), self.endpoint, self.n_workers, self.profile, self.limits.timeout_s,
             self.limits.memory_mb, self.cgroups or "none (rlimits and subreaper only)",
+            self._curve_description(),
         )
         try:
             self._loop(wake_r, parent_fd)
         finally:
             self._shutdown(ctx)
         return self.exit_code
+
+    def _curve_description(self) -> str:
+        if not self.curve_secret:
+            return "off"
+        return f"clients in {self.curve_clients}" if self.curve_clients else "any client key"
 
     def _ipc_path(self) -> str | None:
         """The socket file of an ``ipc://`` endpoint (not of an abstract ``ipc://@name`` one)."""
@@ -240,6 +262,8 @@ class Supervisor:
             self._close_slot(slot)
         self._stop_template()
         self.sock.close(linger=SHUTDOWN_LINGER_MS)
+        if self.auth is not None:
+            self.auth.stop()
         ctx.term()
         path = self._ipc_path()
         if path and self.ipc_identity is not None and _file_identity(path) == self.ipc_identity:
