@@ -75,17 +75,24 @@ class ExecutorClient:
         self,
         endpoint: str,
         *,
-        timeout: float = DEFAULT_TIMEOUT,
+        timeout: float | None = None,
         curve_server_key: bytes | None = None,
         curve_keys: tuple[bytes, bytes] | None = None,
         connect_timeout: float = 10.0,
     ) -> None:
+        if timeout is not None and not (0 < timeout < float("inf")):
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
         self.endpoint = endpoint
-        self.default_timeout = timeout
+        self.default_timeout = timeout  # None: the executor's (or the tool's) own default
         self.connect_timeout = connect_timeout
         self._curve_server_key = curve_server_key
         self._curve_keys = curve_keys
         self._ctx = zmq.Context()
+        try:  # an endpoint or key zmq refuses is the caller's error: say so here, not in the I/O thread
+            self._new_socket().close(0)
+        except (zmq.ZMQError, ValueError, TypeError) as e:
+            self._ctx.term()
+            raise ValueError(f"cannot use executor endpoint {endpoint!r}: {e}") from None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -97,6 +104,7 @@ class ExecutorClient:
         self._last_heard = time.monotonic()
         self._alive = False
         self._closed = False
+        self._failed = ""
         self._thread = threading.Thread(target=self._run, name="ciayn-client-io", daemon=True)
         self._thread.start()
         self._post("hello", None)
@@ -128,6 +136,8 @@ class ExecutorClient:
         call = call.model_copy(update={"id": call.id or uuid.uuid4().hex})
         if timeout is not None:
             call.timeout = timeout
+        elif call.timeout is None and self.default_timeout is not None:
+            call.timeout = self.default_timeout
         if self._closed:
             future.set_result(Result.failure(call.id or "", "unavailable", "the client is closed"))
             return future
@@ -181,17 +191,40 @@ class ExecutorClient:
 
     def _new_socket(self) -> zmq.Socket[bytes]:
         sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
-        if self._curve_server_key is not None:
-            public, secret = self._curve_keys or zmq.curve_keypair()
-            sock.curve_serverkey = self._curve_server_key
-            sock.curve_publickey = public
-            sock.curve_secretkey = secret
-        sock.connect(self.endpoint)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+            if self._curve_server_key is not None:
+                public, secret = self._curve_keys or zmq.curve_keypair()
+                sock.curve_serverkey = self._curve_server_key
+                sock.curve_publickey = public
+                sock.curve_secretkey = secret
+            sock.connect(self.endpoint)
+        except BaseException:
+            sock.close(0)
+            raise
         return sock
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as e:  # a bug here must not leave callers waiting forever
+            log.exception("the executor client's I/O thread failed")
+            self._failed = f"the executor client failed: {type(e).__name__}: {e}"
+        finally:
+            self._closed = True
+            while True:  # calls submitted while the loop was ending
+                try:
+                    op, arg = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if op == "call":
+                    call, future = arg
+                    if not future.done():
+                        future.set_result(Result.failure(call.id or "", "unavailable",
+                                                         self._failed or "the client is closed"))
+
+    def _loop(self) -> None:
         sock = self._new_socket()
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
@@ -257,7 +290,7 @@ class ExecutorClient:
                 return True
             if op == "call":
                 call, future = arg
-                timeout = call.timeout or self._tool_timeout(call.tool) or self.default_timeout
+                timeout = call.timeout or self._tool_timeout(call.tool) or DEFAULT_TIMEOUT
                 if call.id in pending:  # a caller reused an id: answer the newcomer from the same call
                     pending[call.id].future.add_done_callback(_forward_to(future))
                     continue
@@ -323,6 +356,11 @@ class ExecutorClient:
                     log.warning("the executor rejected a message: %s", msg.error.message)
             elif isinstance(msg, Pong):
                 self._check_incarnation(msg.incarnation, sock, pending)
+                if msg.queued:
+                    # Calls wait in the executor's queue before their timeout starts there; the
+                    # client's backstop deadline must not run out meanwhile.
+                    for p in pending.values():
+                        p.deadline += HEARTBEAT_INTERVAL
             elif isinstance(msg, Welcome):
                 self._check_incarnation(msg.incarnation, sock, pending)
                 self._welcome = msg

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from controller.client import DEFAULT_TIMEOUT, ExecutorClient, ExecutorUnavailable
+from controller.client import ExecutorClient, ExecutorUnavailable
 
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 5.0
@@ -98,7 +98,7 @@ class LocalExecutor:
                                          start_new_session=True)
         finally:
             log.close()
-        client = ExecutorClient(self.endpoint, connect_timeout=0.2, timeout=self.client_timeout or DEFAULT_TIMEOUT)
+        client = ExecutorClient(self.endpoint, connect_timeout=0.2, timeout=self.client_timeout)
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if self.proc.poll() is not None:

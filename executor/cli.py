@@ -28,8 +28,8 @@ Tools are plain functions marked with @executor.tool(...) or listed in the modul
 def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
     def parse(text: str) -> float:
         value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+        if not 0 < value < float("inf"):  # also refuses nan, which compares false
+            raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
         return value
 
     parse.__name__ = getattr(kind, "__name__", "number")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
-from protocol import ToolSpec
+from protocol import ToolSpec, ValueRefused, check_value
 
 F = TypeVar("F", bound=Callable[..., Any])
 _MARK = "__ciayn_tool__"
@@ -107,9 +107,16 @@ def tools_of(module: Any) -> list[Tool]:
         tool_name = flags.pop("name", None) or obj.__name__
         if id(obj) in found:
             continue
-        found[id(obj)] = Tool(
-            spec=ToolSpec.from_function(obj, name=tool_name, **flags), fn=obj, module=module.__name__
-        )
+        where = f"{module.__name__}.{attr}"
+        if inspect.iscoroutinefunction(obj) or inspect.isasyncgenfunction(obj) or inspect.isgeneratorfunction(obj):
+            raise RegistryError(f"tool {where} is an async or generator function; tools must be plain "
+                                "functions that return a value")
+        spec = ToolSpec.from_function(obj, name=tool_name, **flags)
+        try:
+            check_value(spec.model_dump(), f"the spec of tool {where}")
+        except ValueRefused as e:  # e.g. a default value msgpack cannot carry
+            raise RegistryError(f"{e}; give its parameters defaults that are plain data") from None
+        found[id(obj)] = Tool(spec=spec, fn=obj, module=module.__name__)
     return list(found.values())
 
 

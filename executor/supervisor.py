@@ -85,6 +85,8 @@ class Slot:
     spawning: bool = False
     closed_at: float = 0.0  # when the channel closed and we await the exit status
     killed: bool = False
+    seq: int = 0  # number of the request in flight: a reply must carry it
+    outbuf: bytearray = field(default_factory=bytearray)  # request bytes the worker has not taken yet
 
     @property
     def idle(self) -> bool:
@@ -302,14 +304,17 @@ class Supervisor:
                 return
             if template_fd in events:
                 self._on_template()
-            for fd in list(events):
+            for fd, mask in list(events.items()):
                 owner = self.fd_owner.get(fd) if isinstance(fd, int) else None
                 if owner is not None:
                     slot, what = owner
-                    if what == "chan":
-                        self._on_worker(slot)
-                    else:
+                    if what != "chan":
                         self._on_output(slot, fd, what)
+                    else:
+                        if mask & zmq.POLLOUT:
+                            self._flush(slot)
+                        if mask & ~zmq.POLLOUT:
+                            self._on_worker(slot)
             if self.sock in events:
                 self._on_socket()
             self._check_deadlines(now)
@@ -471,17 +476,33 @@ class Supervisor:
             job.started = time.monotonic()
             job.deadline = job.started + job.limits.timeout_s
             slot.job = job
+            slot.seq += 1
             request = {
+                "seq": slot.seq,
                 "tool": job.call.tool,
                 "args": job.call.args,
                 "kwargs": job.call.kwargs,
                 "limits": job.limits.model_dump() if job.limits is not self.limits else None,
             }
-            assert slot.chan is not None
-            try:
-                framing.send(slot.chan, request)  # the worker is idle, reading: this does not block long
-            except OSError:
-                pass  # the worker died; its channel's EOF will finish the job
+            slot.outbuf += framing.pack(request)
+            self._flush(slot)
+
+    def _flush(self, slot: Slot) -> None:
+        """Send what the worker has not taken yet, never blocking: a worker still busy (a tool that
+        faked its reply) must not stall the supervisor. What is left waits for POLLOUT."""
+        if slot.chan is None:
+            return
+        try:
+            while slot.outbuf:
+                sent = slot.chan.send(slot.outbuf, socket.MSG_DONTWAIT)
+                del slot.outbuf[:sent]
+        except BlockingIOError:
+            pass
+        except OSError:
+            slot.outbuf.clear()  # the worker died; its channel's EOF will finish the job
+        flags = zmq.POLLIN | (zmq.POLLOUT if slot.outbuf else 0)
+        with contextlib.suppress(KeyError, zmq.ZMQError):
+            self.poller.modify(slot.chan.fileno(), flags)
 
     def _on_output(self, slot: Slot, fd: int, what: str, running: bool = True) -> bool:
         """Read one chunk of a worker's stdout/stderr; return whether anything was read. Over the
@@ -529,8 +550,11 @@ class Supervisor:
             self._malformed(slot, e)
         for reply in replies:
             job = slot.job
-            if job is None:
-                continue
+            if job is None or not isinstance(reply, dict) or reply.get("seq") != slot.seq:
+                # A reply to no request, or to another one: tool code wrote on the channel (a
+                # forged reply, then the real one). Never let it answer some other call.
+                self._malformed(slot, ValueError("a reply that does not match the request in flight"))
+                break
             self._drain_output(slot)
             try:
                 if not reply["ok"] and reply["error"]["kind"] == "memory":
@@ -667,6 +691,7 @@ class Supervisor:
                     os.close(fd)
         slot.chan, slot.reader, slot.out_fd, slot.err_fd = None, None, -1, -1
         slot.pid, slot.closed_at, slot.killed = 0, 0.0, False
+        slot.outbuf.clear()
 
     def _unregister(self, fd: int) -> None:
         if fd >= 0 and self.fd_owner.pop(fd, None) is not None:

@@ -14,6 +14,7 @@ call kills every process the call left behind.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import resource
@@ -180,7 +181,7 @@ def _template_loop(chan: socket.socket, tools: dict[str, Tool], limits: Limits, 
         if chan.fileno() in ready:
             try:
                 req = framing.recv(chan)
-            except EOFError:
+            except (EOFError, OSError):  # the supervisor closed (or reset) the channel: shutting down
                 return
             if req.get("op") == "spawn":
                 group = pool.new_group(req["slot"])
@@ -230,6 +231,8 @@ def _spawn_worker(
             worker_loop(child_end, tools, limits)
         except BaseException:
             code = 70
+            with contextlib.suppress(BaseException):
+                traceback.print_exc()  # on the worker's stderr: it reaches the call's result or the log
         os._exit(code)
     child_end.close()
     os.close(out_w)
@@ -273,6 +276,7 @@ def worker_loop(chan: socket.socket, tools: dict[str, Tool], defaults: Limits) -
         except EOFError:
             return
         reply, replace = run_call(req, tools, defaults)
+        reply["seq"] = req.get("seq")
         try:
             data = framing.pack(reply)
         except ValueError:  # UnicodeEncodeError: a message holds a surrogate escape (a non-UTF-8 file name)
@@ -296,6 +300,23 @@ def _utf8_safe(obj: Any) -> Any:
     return obj
 
 
+_clear_refs_fd: int | None = None
+
+
+def _reset_peak_rss() -> None:
+    """Make ru_maxrss measure this call: writing 5 to /proc/self/clear_refs resets the peak RSS
+    (the worker never exec'd, so its rusage peak is the address space's high-water mark)."""
+    global _clear_refs_fd
+    if _clear_refs_fd is None:
+        try:
+            _clear_refs_fd = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            _clear_refs_fd = -1  # not available here: the peak is the worker's lifetime peak
+    if _clear_refs_fd >= 0:
+        with contextlib.suppress(OSError):
+            os.write(_clear_refs_fd, b"5")
+
+
 def _cpu() -> float:
     s = resource.getrusage(resource.RUSAGE_SELF)
     c = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -316,6 +337,7 @@ def run_call(req: dict[str, Any], tools: dict[str, Tool], defaults: Limits) -> t
     except BindError as e:
         return {"ok": False, "error": {"kind": "bad_arguments", "message": str(e)}}, False
     apply_call_limits(limits)
+    _reset_peak_rss()
     wall0, cpu0 = time.perf_counter(), _cpu()
     try:
         value = t.fn(*req["args"], **req["kwargs"])

@@ -43,14 +43,14 @@ class Limits(Body):
     """The resource limits of one call, as one value: defaults from the command line, a tool's own
     override, then the call's own timeout. Reported back in every result."""
 
-    timeout_s: float = 30.0
-    cpu_s: float | None = None  # RLIMIT_CPU; None means "timeout_s rounded up"
-    memory_mb: int = 1024
-    max_output_kb: int = 1024  # stdout and stderr, each
-    max_result_kb: int = 4096  # the encoded return value
-    open_files: int = 256
-    file_size_mb: int = 256
-    processes: int = 256  # pids cgroup where available
+    timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    cpu_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # RLIMIT_CPU; None: from timeout_s
+    memory_mb: int = Field(default=1024, gt=0)
+    max_output_kb: int = Field(default=1024, gt=0)  # stdout and stderr, each
+    max_result_kb: int = Field(default=4096, gt=0)  # the encoded return value
+    open_files: int = Field(default=256, gt=0)
+    file_size_mb: int = Field(default=256, gt=0)
+    processes: int = Field(default=256, gt=0)  # pids cgroup where available
 
     def effective_cpu_s(self) -> int:
         if self.cpu_s is not None:

@@ -341,3 +341,29 @@ def test_local_executor_uses_a_private_dir_and_cleans_up_on_exit() -> None:
     assert local.proc.returncode == 0, "the executor was not stopped cleanly (SIGTERM)"
     wait_for(lambda: not any(_alive(p) for p in pids), 5, "every executor process ended")
 
+
+
+def test_a_malformed_endpoint_is_refused_at_once_with_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="cannot use executor endpoint 'tcp://bad endpoint'"):
+        ExecutorClient("tcp://bad endpoint")
+    with pytest.raises(ValueError, match="timeout must be a positive number"):
+        ExecutorClient("ipc:///tmp/nowhere.sock", timeout=float("nan"))
+
+
+def test_the_clients_timeout_applies_to_calls_that_give_none(make_client: Callable[..., ExecutorClient]) -> None:
+    client = make_client(timeout=30)
+    with ExecutorClient(client.endpoint, timeout=1) as short:
+        started = time.monotonic()
+        result = short.call(Call(tool="sleep_forever"))
+        assert result.error is not None and result.error.kind == "timeout", result
+        assert "1 s" in result.error.message  # the executor enforced the client's timeout
+        assert time.monotonic() - started < 5
+
+
+def test_calls_waiting_in_the_executors_queue_do_not_time_out_on_the_client(
+    make_client: Callable[..., ExecutorClient],
+) -> None:
+    client = make_client(timeout=2, workers=1)
+    naps = [client.submit(Call(tool="nap", kwargs={"seconds": 1.5})) for _ in range(3)]
+    results = [f.result(timeout=30) for f in naps]
+    assert all(r.ok for r in results), [r.error for r in results]  # the third waited ~3 s in the queue

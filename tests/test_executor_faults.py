@@ -593,3 +593,17 @@ def test_text_that_is_not_utf8_comes_back_escaped_without_costing_the_worker(
     if where == "error":
         assert r.error is not None and r.error.kind == "tool_error" and r.error.type == "FileNotFoundError"
     assert client.call(Call(tool="whoami")).value == before.value
+
+
+@pytest.mark.parametrize("with_seq", [False, True], ids=["forged-blind", "forged-with-seq"])
+def test_a_forged_reply_never_answers_another_call(make_client: Callable[..., ExecutorClient], with_seq: bool) -> None:
+    client = make_client(timeout=5)
+    for _ in range(3):
+        forged = client.submit(Call(tool="forge_reply", kwargs={"with_seq": with_seq}))
+        other = client.submit(Call(tool="echo", args=["secret"]))
+        first, second = forged.result(timeout=30), other.result(timeout=30)
+        # The forging call gets its forgery, its real result, or `crashed`; the other call gets its
+        # own value or `crashed` (its worker was replaced), never the forging call's result.
+        assert first.value in ("forged", "real result of forge") or first.error is not None
+        assert second.value == "secret" or (second.error is not None and second.error.kind == "crashed"), second
+        assert client.call(Call(tool="echo", args=["after"])).value == "after"
