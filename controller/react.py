@@ -127,7 +127,7 @@ class ExecutorBridge:
         self.client = client
         self.call_timeout = call_timeout
         self.stopping = stopping or threading.Event()
-        self.run_id = run_id or uuid.uuid4().hex[:8]
+        self.run_id = run_id or uuid.uuid4().hex  # ids are keys in the executor's cache, shared by all clients
         self._serial = itertools.count(1)
         self._lock = threading.Lock()
 
