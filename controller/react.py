@@ -81,6 +81,8 @@ Pricer = Callable[[AIMessage], float]
 FINAL_ANSWER = "the model gave its final answer without calling a tool"
 TASK_HINT = "When the task is done, call {tools} to report it."
 
+UNKNOWN_MODEL_INPUT_TOKENS = 8192  # history budget when litellm does not know the model's context
+
 
 # ---------------------------------------------------------------------------------------------
 # Tool proxies
@@ -355,7 +357,9 @@ class ReactAgent:
         options.setdefault("retry_cap_s", config.retry_cap_s)
         options.setdefault("model_name", config.model)
         if "max_input_tokens" not in options:
-            options["max_input_tokens"] = LiteLLMModel(config).max_input_tokens()
+            # A model litellm does not know (a local alias) still gets a budget: history must not
+            # grow without bound. The embedded model's context is 4096 tokens.
+            options["max_input_tokens"] = LiteLLMModel(config).max_input_tokens() or UNKNOWN_MODEL_INPUT_TOKENS
         if options.get("count_tokens") is None:
             options["count_tokens"] = litellm_token_counter(config)
         return cls(chat_model(config), client, **options)
