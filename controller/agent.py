@@ -18,6 +18,7 @@ import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+from controller.allowlist import AllowedTools
 from controller.backend import Backend, BackendChoice, choose_backend
 from controller.ciayn import CiaynAgent
 from controller.events import Finished, Notice, StepEvent, final_event
@@ -100,10 +101,14 @@ def create_agent(
     ``request_timeout``, ...; for a model name or a ``ModelConfig``), backend-choice settings
     (``backends``: a table of model patterns to backends; ``supports_function_calling``) and agent
     options (``max_steps``, ``max_cost``, ``call_timeout``, ``show_reasoning``, and each backend's
-    own; an option only the other backend takes is ignored)."""
+    own; an option only the other backend takes is ignored). ``allow_tools`` (names) offers the
+    agent only those tools of the executor, whatever the backend (``controller.allowlist``)."""
     if backend not in ("auto", "react", "ciayn"):
         raise ValueError(f"backend must be 'auto', 'react' or 'ciayn', not {backend!r}")
     choice_config = {k: config.pop(k) for k in _CHOICE_KEYS if k in config}
+    allow_tools = config.pop("allow_tools", None)
+    if allow_tools is not None:
+        client = AllowedTools(client, allow_tools)
     settings = {k: config.pop(k) for k in list(config) if k in _MODEL_FIELDS}
     if isinstance(model, str):
         model = ModelConfig(model=model, **settings)

@@ -14,7 +14,13 @@ What it keeps from RA.Aid's CiaynAgent and what it fixes (see notes/raaid-behavi
   only when a call succeeded, so retrying after a crash or timeout is allowed;
 - a bundle runs in order and every call gets its own labelled result;
 - executor faults reach the model in plain words and the run goes on; an unavailable executor ends it;
-- history is trimmed by count and tokens without ever dropping the instructions or the task.
+- history is trimmed by count and tokens without ever dropping the instructions or the task;
+- a reply that repeats the previous reply's calls and gets the same results is told so, plainly
+  (any tool, not just ``no_repeat`` ones: small models otherwise loop on one call forever); when the
+  grammar is built from the tool specs, the next reply's grammar also leaves those tools out, once.
+
+For small models: ``prompt_style="compact"`` sends short instructions, ``few_shot=True`` adds
+demonstrated example turns (``prompts.example_turns``), and a grammar makes every reply a valid call.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 import importlib
 import threading
 import uuid
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -54,6 +60,9 @@ DEFAULT_MAX_STEPS = 30
 DEFAULT_MAX_INVALID = 5
 DEFAULT_MAX_EMPTY = 3
 DEFAULT_MAX_HISTORY_MESSAGES = 50
+PromptStyle = Literal["full", "compact"]
+SMALL_MODEL_OPTIONS: Mapping[str, Any] = {"prompt_style": "compact", "few_shot": True}
+"""The agent options for a small local model (``ciayn run --prompt compact``, the local default)."""
 
 
 class ToolClient(Protocol):
@@ -81,7 +90,9 @@ class CiaynAgent:
     ``system_role`` is the role of the instructions message. ``repair`` asks ``repair_model`` (default:
     the same model) to rewrite a rejected reply into one valid call. ``grammar`` is a GBNF string
     sent with every request, or True to build one from the tool specs (``controller.gbnf``).
-    ``call_timeout`` overrides the executor's per-call timeout (seconds)."""
+    ``call_timeout`` overrides the executor's per-call timeout (seconds). ``prompt_style`` is
+    ``full`` (every rule and docstring) or ``compact`` (short, for small models); ``few_shot`` puts
+    example turns (task, calls, results, completion) between the instructions and the task."""
 
     def __init__(
         self,
@@ -100,11 +111,15 @@ class CiaynAgent:
         repair_model: Model | None = None,
         grammar: str | bool | None = None,
         call_timeout: float | None = None,
+        prompt_style: PromptStyle = "full",
+        few_shot: bool = False,
     ) -> None:
         if max_steps < 1 or max_invalid < 1 or max_empty < 1:
             raise ValueError("max_steps, max_invalid and max_empty must each be at least 1")
         if system_role not in ("user", "system"):
             raise ValueError(f"system_role must be 'user' or 'system', not {system_role!r}")
+        if prompt_style not in ("full", "compact"):
+            raise ValueError(f"prompt_style must be 'full' or 'compact', not {prompt_style!r}")
         self.model = model
         self.client = client
         self.max_steps = max_steps
@@ -119,6 +134,8 @@ class CiaynAgent:
         self.repair_model = repair_model
         self.grammar = grammar
         self.call_timeout = call_timeout
+        self.prompt_style = prompt_style
+        self.few_shot = few_shot
         self._stop = threading.Event()
         self._stop_reason = ""
 
@@ -179,8 +196,12 @@ class _Run:
     history: list[Message] = field(default_factory=list)
     specs: list[ToolSpec] = field(default_factory=list)
     tools: dict[str, ToolSpec] = field(default_factory=dict)
-    grammar: str | None = None
+    grammar: str | None = None  # of the offered tools
+    step_grammar: str | None = None  # of this step's request: ``grammar``, or one without ``avoid``
+    avoid: frozenset[str] = frozenset()  # tools the next reply may not call (it just looped on them)
+    narrowed: dict[frozenset[str], str | None] = field(default_factory=dict)
     last_fingerprint: str | None = None  # of the last call, if it succeeded
+    last_step: list[tuple[str, str]] = field(default_factory=list)  # the last step's calls and outcomes
     invalid: int = 0
     empty: int = 0
     trim_noticed: bool = False
@@ -219,8 +240,9 @@ class _Run:
             if dropped and not self.trim_noticed:
                 self.trim_noticed = True
                 yield Notice(f"History trimmed to fit the limits: {dropped} older messages left out.")
+            self.step_grammar, self.avoid = self._grammar_without(self.avoid), frozenset()
             try:
-                reply = a.model.complete(_merge_roles(messages), grammar=self.grammar)
+                reply = a.model.complete(_merge_roles(messages), grammar=self.step_grammar)
             except ModelError as e:
                 yield self.tally.finished("failed", str(e))
                 return
@@ -267,7 +289,13 @@ class _Run:
             if isinstance(outcome, Finished):
                 yield outcome
                 return
-            self.history.append({"role": "user", "content": prompts.feedback(outcome)})
+            text = prompts.feedback(outcome)
+            if self._repeats_last_step(outcome):
+                self.avoid = self._avoidable({call.tool for call, _ in outcome})
+                text = f"{text}\n\n{prompts.repeated(self.specs, blocked=sorted(self.avoid))}"
+                blocked = f"; its next reply may not call {', '.join(sorted(self.avoid))}" if self.avoid else ""
+                yield Notice(f"The model repeated its previous call(s) and got the same result: told it so{blocked}.")
+            self.history.append({"role": "user", "content": text})
 
     def _resolve_grammar(self) -> Generator[StepEvent, None, None]:
         grammar = self.agent.grammar
@@ -281,25 +309,51 @@ class _Run:
             except Exception as e:
                 yield Notice(f"No reply grammar: building it failed ({type(e).__name__}: {e}).")
 
+    def _avoidable(self, tools: set[str]) -> frozenset[str]:
+        """The tools a looping reply used that the next reply's grammar can leave out: only when the
+        grammar is built from the tool specs here, and never every tool."""
+        if self.agent.grammar is not True or self.grammar is None or not set(self.tools) - tools:
+            return frozenset()
+        return frozenset(tools)
+
+    def _grammar_without(self, avoid: frozenset[str]) -> str | None:
+        """The reply grammar without the ``avoid`` tools (built once per set); the full one if empty."""
+        if not avoid:
+            return self.grammar
+        if avoid not in self.narrowed:
+            try:
+                self.narrowed[avoid] = build_grammar([s for s in self.specs if s.name not in avoid])
+            except Exception:
+                self.narrowed[avoid] = self.grammar
+        return self.narrowed[avoid]
+
+    def _repeats_last_step(self, outcome: list[tuple[Call, Result | str]]) -> bool:
+        """Whether this step made the same calls as the step before and got the same outcomes (then
+        the model is looping); remembers this step for the next comparison."""
+        marks = [(fingerprint(call, self.tools[call.tool]), _outcome_key(result)) for call, result in outcome]
+        repeated = marks == self.last_step
+        self.last_step = marks
+        return repeated
+
     def _initial_messages(self) -> list[Message]:
-        first: Message = {"role": self.agent.system_role, "content": prompts.instructions(self.specs)}
+        a = self.agent
+        text = (
+            prompts.compact_instructions(self.specs)
+            if a.prompt_style == "compact"
+            else prompts.instructions(self.specs)
+        )
+        messages: list[Message] = [{"role": a.system_role, "content": text}]
+        if a.few_shot:
+            messages += prompts.example_turns(self.specs)
         if isinstance(self.task, str):
-            return [first, {"role": "user", "content": prompts.TASK.format(task=self.task)}]
-        return [first, *(dict(m) for m in self.task)]
+            return [*messages, {"role": "user", "content": prompts.TASK.format(task=self.task)}]
+        return [*messages, *(dict(m) for m in self.task)]
 
     def _limit_reached(self) -> Finished | None:
         a = self.agent
         if a._stop.is_set():
             return self.tally.finished("stopped", a._stop_reason or "stopped")
-        if self.tally.steps >= a.max_steps:
-            return self.tally.finished(
-                "stopped", f"the step limit ({a.max_steps}) was reached before the task was completed"
-            )
-        if a.max_cost is not None and self.tally.cost >= a.max_cost:
-            return self.tally.finished(
-                "stopped", f"the cost limit (${a.max_cost:.4f}) was reached: ${self.tally.cost:.4f} spent"
-            )
-        return None
+        return self.tally.limit_reached(a.max_steps, a.max_cost)
 
     def _repair(
         self, step: int, text: str, error: CallRejected
@@ -311,7 +365,7 @@ class _Run:
         model = a.repair_model or a.model
         request = [{"role": "user", "content": prompts.repair_prompt(self.specs, text, str(error))}]
         try:
-            reply = model.complete(request, grammar=self.grammar)
+            reply = model.complete(request, grammar=self.step_grammar)
         except ModelError as e:
             yield Notice(f"Repair of the rejected reply failed: {e}")
             return None
@@ -359,18 +413,19 @@ class _Run:
             for signal in result.signals:
                 if signal.kind == "note":
                     yield Notice(f"{sent.tool}: {signal.message}")
-            if result.error is not None and result.error.kind == "unavailable":
-                return self.tally.finished(
-                    "failed", f"the executor is unavailable ({result.error.message}); the run cannot go on"
-                )
-            for signal in result.signals:
-                if signal.kind == "complete":
-                    return self.tally.finished("completed", "a tool reported the task complete", signal.message)
-                if signal.kind == "exit":
-                    reason = f"{sent.tool} asked to stop the run" + (f": {signal.message}" if signal.message else "")
-                    return self.tally.finished("stopped", reason, signal.message)
+            ending = self.tally.ending(sent.tool, result)
+            if ending is not None:
+                return ending
             outcomes.append((call, result))
         return outcomes
+
+
+def _outcome_key(outcome: Result | str) -> str:
+    """What a call's outcome looks like to the model (value, output, error; not ids or timings)."""
+    if isinstance(outcome, str):
+        return outcome
+    error = outcome.error
+    return repr((outcome.ok, outcome.value, outcome.stdout, outcome.stderr, error and (error.kind, error.message)))
 
 
 def _reply_text(reply: ModelReply) -> tuple[str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -36,6 +37,8 @@ examples:
   ciayn run "Fix the failing test" --model openai/gpt-4o-mini --workspace ./project
   ciayn run "..." --model openai/my-model --api-base http://127.0.0.1:8000/v1 --backend ciayn
   ciayn run "..." --model anthropic/claude-sonnet-4-20250514 --executor tcp://pool:5555
+  ciayn run "Read notes.txt and report the code in it" --allow-tools read_file,complete_task
+        (offer the model only the tools the task needs; the executor still holds the others)
 
 Without --tools or --executor, a private executor serves the built-in toolkit (read_file,
 write_file, list_dir, run_shell, emit_note, complete_task) confined to --workspace.
@@ -82,6 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-cost", type=float, default=None, metavar="USD", help="stop once this much is spent")
     run.add_argument("--grammar", choices=["auto", "on", "off"], default="auto",
                      help="constrain CIAYN replies with a GBNF grammar (auto: on for the local model)")
+    run.add_argument("--allow-tools", metavar="NAMES",
+                     help="comma-separated tool names: offer the model only these (e.g. list_dir,read_file,"
+                     "complete_task); calls to any other tool are refused without reaching the executor")
+    run.add_argument("--prompt", choices=["auto", "full", "compact"], default="auto",
+                     help="CIAYN prompt: full rules and docstrings, or compact (short rules, one line per tool, "
+                     "and demonstrated example turns) for small models (auto: compact for the local model)")
+    run.add_argument("--temperature", type=float, default=None, metavar="T",
+                     help="sampling temperature (default 0: the most likely reply)")
+    run.add_argument("--seed", type=int, default=None, metavar="N",
+                     help="sampling seed, for servers that take one (llama.cpp, OpenAI)")
+    run.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                     help="cap on each model reply's tokens (default: the provider's; 128 for the local model)")
     run.add_argument("--show-reasoning", action="store_true", help="show the model's reasoning / think blocks")
     run.add_argument("--json", action="store_true", help="print one JSON event per line instead of a transcript")
     _executor_options(run)
@@ -208,12 +223,16 @@ def _esc(text: str) -> str:
     return escape(text)
 
 
+LOCAL_MAX_TOKENS = 128  # a call of the built-in tools is far shorter; bounds a runaway reply (~1 s)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from controller.render import Transcript
 
     transcript = Transcript(json_lines=args.json)
     with contextlib.ExitStack() as stack:
         model, api_base, grammar, backend = args.model, args.api_base, args.grammar, args.backend
+        prompt, max_tokens = args.prompt, args.max_tokens
         if model == LOCAL_MODEL:
             from controller.local_model import LocalModelServer, ModelNotInstalled, ModelServerError
 
@@ -225,25 +244,72 @@ def cmd_run(args: argparse.Namespace) -> int:
             backend = "ciayn" if backend == "auto" else backend
             model = server.react_model if backend == "react" else server.ciayn_model
             api_base = server.api_base
-            if grammar == "auto":
-                grammar = "on"
+            grammar = "on" if grammar == "auto" else grammar
+            prompt = "compact" if prompt == "auto" else prompt
+            max_tokens = LOCAL_MAX_TOKENS if max_tokens is None else max_tokens
         client = stack.enter_context(open_executor(args))
         tools = client.tools()
         transcript.notice(f"executor ready: {len(tools)} tools ({', '.join(t.name for t in tools)}); "
                           f"every call runs in a supervised worker process")
-        agent = _make_agent(model, api_base, backend, grammar, args, client)
+        allow_tools = _allowed_tools(args.allow_tools, client)
+        if allow_tools is not None:
+            transcript.notice(f"tools offered to the model: {', '.join(allow_tools)}")
+        config = ModelSettings(model=model, api_base=api_base, grammar=grammar == "on", prompt=prompt,
+                               max_tokens=max_tokens, allow_tools=allow_tools)
+        agent = _make_agent(config, backend, args, client)
         finished = _drive(agent, args.task, transcript)
     return 0 if finished is not None and finished.status == "completed" else 1
 
 
-def _make_agent(model: str, api_base: str | None, backend: str, grammar: str, args: argparse.Namespace,
-                client: ExecutorClient) -> Any:
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """What ``cmd_run`` resolved from the options and the model ('local' fills in its defaults)."""
+
+    model: str
+    api_base: str | None
+    grammar: bool
+    prompt: str  # auto, full or compact
+    max_tokens: int | None
+    allow_tools: list[str] | None
+
+
+def _allowed_tools(text: str | None, client: ExecutorClient) -> list[str] | None:
+    """The --allow-tools names, checked against the executor's tools (a user error if any is missing)."""
+    if text is None:
+        return None
+    from controller.allowlist import AllowedTools, UnknownTools, parse_names
+
+    names = parse_names(text)
+    if not names:
+        raise UserError("--allow-tools names no tools; give comma-separated names, e.g. read_file,complete_task.")
+    try:
+        AllowedTools(client, names).tools()
+    except UnknownTools as e:
+        raise UserError(f"--allow-tools: {e}.") from None
+    return names
+
+
+def _make_agent(settings: ModelSettings, backend: str, args: argparse.Namespace, client: ExecutorClient) -> Any:
     from controller.agent import create_agent
     from controller.models import ModelConfig
 
-    config = ModelConfig(model=model, api_base=api_base, use_grammar=grammar == "on")
+    config = ModelConfig(
+        model=settings.model,
+        api_base=settings.api_base,
+        use_grammar=settings.grammar,
+        max_tokens=settings.max_tokens,
+        extras={"seed": args.seed} if args.seed is not None else {},
+        **({"temperature": args.temperature} if args.temperature is not None else {}),
+    )
+    options: dict[str, Any] = {}
+    if settings.prompt == "compact":  # options of the CIAYN backend only; ReAct ignores them
+        from controller.ciayn import SMALL_MODEL_OPTIONS
+
+        options.update(SMALL_MODEL_OPTIONS)
+    if settings.allow_tools is not None:
+        options["allow_tools"] = settings.allow_tools
     return create_agent(config, client, backend=backend, max_steps=args.max_steps, max_cost=args.max_cost,
-                        show_reasoning=args.show_reasoning)
+                        show_reasoning=args.show_reasoning, **options)
 
 
 def _drive(agent: Any, task: str, transcript: Any) -> Any:

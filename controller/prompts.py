@@ -1,8 +1,15 @@
-"""Every text the model reads: the CIAYN instructions, result and error feedback, the repair prompt.
+"""Every text the model reads: the CIAYN instructions, example turns, result and error feedback, the
+repair prompt.
 
 All of it uses real newlines (RA.Aid sent literal backslash-n sequences), says each thing once, and
 is built from the executor's tool specs. ``describe_failure`` puts an executor error in plain words;
 the ReAct backend uses it for its tool messages too, so both backends explain faults alike.
+
+Two prompt styles: ``instructions`` (full rules and docstrings, for capable models) and
+``compact_instructions`` (a few lines and one line per tool, for small local models whose prompt
+evaluation is slow and whose attention is short). ``example_turns`` are few-shot user/assistant turns
+(a task, each call, its result in the exact feedback format, and the completion call); small models
+follow a demonstrated loop far better than described rules.
 """
 
 from __future__ import annotations
@@ -11,9 +18,10 @@ import json
 import re
 import signal
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from protocol import Call, Result, ToolSpec
+from protocol import Call, CallRejected, Result, ToolSpec, parse_call
 
 MAX_FEEDBACK_CHARS = 16_000  # a tool's value or output shown to the model is cut to this
 _COMPLETION_NAME = re.compile(r"complete|finish|done", re.IGNORECASE)
@@ -37,6 +45,16 @@ Available tools:
 
 {tools}"""
 
+COMPACT_INSTRUCTIONS = """\
+You do a task by calling tools. Reply with exactly one tool call written in Python and nothing \
+else, for example:
+{example}
+Arguments are literal values. The result comes back in the next message; read it, then make the \
+next call. Never repeat a call. {finish}
+
+Tools:
+{tools}"""
+
 BUNDLING = (
     "- These tools may be sent several per reply, one call per line; they run in order and each "
     "result comes back labelled: {names}. Every other tool must be sent alone.\n"
@@ -44,6 +62,10 @@ BUNDLING = (
 TASK = "Task:\n{task}"
 EMPTY_REPLY = "Your last reply was empty. Reply with exactly one tool call, for example:\n{example}"
 REJECTED = "That reply was rejected and nothing was run.\n{message}"
+REPEATED = (
+    "You made this exact call in your previous reply and got the same result again. Repeating it "
+    "will not change anything: use the result above and do the next step of the task{finish}."
+)
 REPEAT = (
     "{call} was not run: you just made this exact call and it succeeded, so its result is already "
     "above. Repeating it changes nothing; do something different."
@@ -102,34 +124,115 @@ def completion_tools(tools: Sequence[ToolSpec]) -> list[str]:
     return [t.name for t in tools if _COMPLETION_NAME.search(t.name)]
 
 
+def _first_example_tool(tools: Sequence[ToolSpec]) -> ToolSpec | None:
+    return next((t for t in tools if not _COMPLETION_NAME.search(t.name)), tools[0] if tools else None)
+
+
+def _finish_rule(tools: Sequence[ToolSpec]) -> str:
+    finishers = completion_tools(tools)
+    if finishers:
+        return f"When the task is done, call {' or '.join(finishers)} to report it."
+    return "When the task is done, call the tool that reports completion."
+
+
 def instructions(tools: Sequence[ToolSpec]) -> str:
     """The CIAYN instructions: rules, an example made from a real tool, and every tool's docs."""
-    example_tool = next((t for t in tools if not _COMPLETION_NAME.search(t.name)), tools[0] if tools else None)
+    example_tool = _first_example_tool(tools)
     example = example_call(example_tool) if example_tool else 'tool_name(arg="value")'
     bundleable = sorted(t.name for t in tools if t.bundleable)
     bundling = BUNDLING.format(names=", ".join(bundleable)) if bundleable else ""
-    finishers = completion_tools(tools)
-    if finishers:
-        finish = f"When the task is done, call {' or '.join(finishers)} to report it."
-    else:
-        finish = "When the task is done, call the tool that reports completion."
     blocks = "\n\n".join(t.prompt_block() for t in tools) or "(no tools)"
     return INSTRUCTIONS.format(
         example=example,
         triple='content="""first line\nsecond line"""',
         bundling=bundling,
-        finish=finish,
+        finish=_finish_rule(tools),
         tools=blocks,
     )
 
 
+def compact_instructions(tools: Sequence[ToolSpec]) -> str:
+    """Short CIAYN instructions for small models: the core rules, then one line per tool (its
+    signature and the first sentence of its docstring). No bundling: small models do better with
+    one call per reply."""
+    example_tool = _first_example_tool(tools)
+    example = example_call(example_tool) if example_tool else 'tool_name(arg="value")'
+    lines = [f"{t.name}{t.signature}: {_first_sentence(t.doc)}".rstrip(": ") for t in tools]
+    return COMPACT_INSTRUCTIONS.format(
+        example=example, finish=_finish_rule(tools), tools="\n".join(lines) or "(no tools)"
+    )
+
+
+def _first_sentence(doc: str) -> str:
+    text = " ".join(doc.split())
+    match = re.match(r"(.+?[.!?])(\s|$)", text)
+    return match.group(1) if match else text
+
+
+@dataclass(frozen=True)
+class Example:
+    """A demonstrated run for few-shot prompting: a task, then each call (as the model should write
+    it) with the value it returned; the last call ends the task and has no result."""
+
+    task: str
+    steps: tuple[tuple[str, Any], ...]
+
+
+# One demonstrated run: list, read the file the task names, report what it says. Its file and
+# answer are made up; its wording has the same "list, read, report" shape as the demo's task. A
+# 135M model copies shapes far better than it follows rules: scripts/eval_local_model.py measures
+# the demo's task next to tasks the example does not show, which that model fails.
+EXAMPLES = (
+    Example(
+        task="List the workspace, read config.ini, then call complete_task with the port from it.",
+        steps=(
+            ('list_dir(path=".")', ["config.ini", "src/"]),
+            ('read_file(path="config.ini")', "[server]\nport = 8080\n"),
+            ('complete_task(summary="The port is 8080.")', None),
+        ),
+    ),
+)
+
+
+def example_turns(tools: Sequence[ToolSpec], examples: Sequence[Example] | None = None) -> list[dict[str, str]]:
+    """Few-shot turns (user task, assistant call, user result, ..., assistant completion call) for
+    each example whose every call is valid for ``tools``; an example that uses a tool this run does
+    not offer is left out (so the result may be empty). Results use the real feedback format."""
+    turns: list[dict[str, str]] = []
+    by_name = {t.name: t for t in tools}
+    for example in EXAMPLES if examples is None else examples:
+        try:
+            calls = [parse_call(text, by_name) for text, _ in example.steps]
+        except CallRejected:
+            continue
+        turns.append({"role": "user", "content": TASK.format(task=example.task)})
+        for call, (text, value) in zip(calls, example.steps, strict=True):
+            turns.append({"role": "assistant", "content": text})
+            if value is not None:
+                turns.append(
+                    {"role": "user", "content": feedback([(call, Result(id="example", ok=True, value=value))])}
+                )
+    return turns
+
+
 def empty_reply(tools: Sequence[ToolSpec]) -> str:
-    example_tool = next((t for t in tools if not _COMPLETION_NAME.search(t.name)), tools[0] if tools else None)
+    example_tool = _first_example_tool(tools)
     return EMPTY_REPLY.format(example=example_call(example_tool) if example_tool else 'tool_name(arg="value")')
 
 
 def rejected(message: str) -> str:
     return REJECTED.format(message=message)
+
+
+def repeated(tools: Sequence[ToolSpec], blocked: Sequence[str] = ()) -> str:
+    """The note after a reply that repeated the previous reply's calls and got the same results;
+    ``blocked`` names the tools the next reply may not call."""
+    finishers = completion_tools(tools)
+    finish = f", or call {' or '.join(finishers)} if the task is done" if finishers else ""
+    text = REPEATED.format(finish=finish)
+    if blocked:
+        text += f" Your next reply may not call {' or '.join(blocked)}."
+    return text
 
 
 def repeat(call: Call) -> str:

@@ -480,6 +480,178 @@ def test_a_run_over_real_http_with_a_grammar(client: Any, workspace: Path, monke
         assert "append_line(text='over http') returned:" in stub.requests[1]["messages"][-1]["content"]
 
 
+# --- small models: compact prompt, example turns, loop guard, tool allowlist ------------------
+
+
+@pytest.fixture
+def builtin_client(make_client: Callable[..., Any], workspace: Path) -> Any:
+    (workspace / "notes.txt").write_text("The code is 7.\n")
+    return make_client(tools=["executor.toolkits.builtin"], workspace=workspace)
+
+
+def test_compact_prompt_is_short_with_one_line_per_tool(client: Any) -> None:
+    model = ScriptedModel([DONE])
+    run(CiaynAgent(model, client, prompt_style="compact"))
+    content = model.requests[0][0]["content"]
+    compact = prompts.compact_instructions(client.tools())
+    assert content == compact + "\n\nTask:\ndo the task"
+    assert len(compact) < 0.7 * len(prompts.instructions(client.tools()))
+    tool_lines = content.split("\nTools:\n")[1].split("\n\nTask:")[0].splitlines()
+    assert len(tool_lines) == len(client.tools())
+    assert all(line.startswith(f"{t.name}{t.signature}") for line, t in zip(tool_lines, client.tools(), strict=True))
+    assert "call complete_task" in content and content.endswith("Task:\ndo the task")
+
+
+def test_example_turns_demonstrate_the_loop_before_the_task(builtin_client: Any) -> None:
+    model = ScriptedModel(['read_file(path="notes.txt")', 'complete_task(summary="The code is 7.")'])
+    finished = done(run(CiaynAgent(model, builtin_client, prompt_style="compact", few_shot=True), "Report the code"))
+    assert finished.status == "completed" and finished.summary == "The code is 7."
+    sent = model.requests[0]
+    roles = [m["role"] for m in sent]
+    assert roles == ["user", "assistant", "user", "assistant", "user", "assistant", "user"]
+    example = prompts.EXAMPLES[0]
+    assert sent[0]["content"].endswith(prompts.TASK.format(task=example.task))  # merged after the rules
+    assert [m["content"] for m in sent[1::2]] == [text for text, _ in example.steps]
+    # The example results read exactly like real feedback, and the real task comes last.
+    assert sent[2]["content"].startswith("list_dir(path='.') returned:\n")
+    assert sent[-1]["content"] == "Task:\nReport the code"
+    real_feedback = model.requests[1][-1]["content"]
+    assert real_feedback.startswith("read_file(path='notes.txt') returned:\nThe code is 7.")
+
+
+def test_example_turns_are_left_out_when_their_tools_are_not_offered(client: Any) -> None:
+    assert prompts.example_turns(client.tools()) == []  # the loop-test tools have no read_file
+    model = ScriptedModel([DONE])
+    run(CiaynAgent(model, client, few_shot=True))
+    assert len(model.requests[0]) == 1  # instructions and task only
+
+
+def test_a_call_repeated_with_the_same_result_is_called_out(client: Any, workspace: Path) -> None:
+    model = ScriptedModel(["append_line('a')", "append_line('a')", "append_line('b')", DONE])
+    events = run(CiaynAgent(model, client))
+    assert log_lines(workspace) == ["a", "a", "b", "complete all done"]  # the repeat still ran
+    assert prompts.repeated(client.tools()) not in model.requests[1][-1]["content"]
+    told = model.requests[2][-1]["content"]
+    assert told.startswith("append_line('a') returned:")
+    assert told.endswith(prompts.repeated(client.tools()))
+    assert "You made this exact call in your previous reply" in told and "call complete_task" in told
+    assert prompts.repeated(client.tools()) not in model.requests[3][-1]["content"]  # a new call: no note
+    assert sum("repeated its previous call" in n.text for n in of(Notice, events)) == 1
+
+
+def test_a_repeat_with_a_different_result_is_not_called_out(client: Any) -> None:
+    model = ScriptedModel(["remember('x')", "recall()", "remember('y')", "recall()", "recall()", DONE])
+    run(CiaynAgent(model, client))
+    note = "You made this exact call"
+    assert note not in model.requests[4][-1]["content"]  # recall() again, but it now says 'y'
+    assert note in model.requests[5][-1]["content"]  # recall() a third time, 'y' again
+
+
+def test_after_a_loop_the_grammar_leaves_the_looping_tool_out_once(client: Any) -> None:
+    model = ScriptedModel(["append_line('a')", "append_line('a')", "tell('t')", "append_line('a')", DONE])
+    run(CiaynAgent(model, client, grammar=True))
+    full, *_ = model.grammars
+    assert full is not None and "append_line(" in full
+    assert model.grammars[1] == full
+    narrowed = model.grammars[2]
+    assert narrowed is not None and "append_line(" not in narrowed and "tell(" in narrowed
+    assert narrowed == build_grammar([s for s in client.tools() if s.name != "append_line"])
+    assert model.grammars[3:] == [full, full]
+    assert model.requests[2][-1]["content"].endswith("Your next reply may not call append_line.")
+
+
+def test_a_fixed_grammar_is_never_narrowed(client: Any) -> None:
+    model = ScriptedModel(["append_line('a')", "append_line('a')", DONE])
+    run(CiaynAgent(model, client, grammar='root ::= "x"'))
+    assert model.grammars == ['root ::= "x"'] * 3
+    assert "may not call" not in model.requests[2][-1]["content"]
+
+
+def test_the_repair_request_carries_the_grammar(client: Any) -> None:
+    model = ScriptedModel(["not a call at all", "append_line('fixed')", DONE])
+    run(CiaynAgent(model, client, repair=True, grammar='root ::= "x"'))
+    assert len(model.requests) == 3 and len(model.requests[1]) == 1  # the second one is the repair prompt
+    assert model.grammars == ['root ::= "x"'] * 3
+
+
+def test_an_allowlist_offers_and_runs_only_the_named_tools(client: Any, workspace: Path) -> None:
+    from controller.agent import create_agent
+
+    model = ScriptedModel(["append_line('a')", "remember('x')", DONE])
+    agent = create_agent(model, client, allow_tools=["append_line", "complete_task"], grammar=True)
+    events = list(agent.stream("do the task"))
+    assert done(events).status == "completed"
+    prompt = model.requests[0][0]["content"]
+    assert "append_line(" in prompt and "remember(" not in prompt and "segfault(" not in prompt
+    grammar = model.grammars[0]
+    assert grammar is not None and "remember(" not in grammar and "complete_task(" in grammar
+    rejected = of(Rejected, events)
+    assert [r.code for r in rejected] == ["unknown_tool"]  # a hidden tool is an unknown tool
+    assert log_lines(workspace) == ["a", "complete all done"]
+
+
+def test_the_allowlist_refuses_hidden_tools_without_the_executor(client: Any, workspace: Path) -> None:
+    from controller.allowlist import AllowedTools, UnknownTools, parse_names
+
+    allowed = AllowedTools(client, parse_names(" append_line , complete_task,"))
+    assert [s.name for s in allowed.tools()] == [s.name for s in client.tools() if s.name in allowed.names]
+    refused = allowed.call(Call(tool="remember", args=["x"], id="c1"))
+    assert not refused.ok and refused.error is not None and refused.error.kind == "unknown_tool"
+    assert "not offered in this run" in refused.error.message
+    assert allowed.call(Call(tool="append_line", args=["ok"], id="c2")).ok
+    assert log_lines(workspace) == ["ok"]
+    with pytest.raises(UnknownTools, match="no_such_tool"):
+        AllowedTools(client, ["no_such_tool"]).tools()
+    with pytest.raises(ValueError, match="empty"):
+        AllowedTools(client, [])
+
+
+def test_an_allowlist_naming_a_missing_tool_fails_the_run_clearly(client: Any) -> None:
+    from controller.agent import create_agent
+
+    model = ScriptedModel([DONE])
+    finished = create_agent(model, client, allow_tools=["append_line", "nope"]).run("do the task")
+    assert finished.status == "failed" and "nope" in finished.reason and not model.requests
+
+
+def cli_argv(api_base: str, workspace: Path, *options: str) -> list[str]:
+    """``ciayn run`` on the scripted stub model, with the loop-test tools in a private executor."""
+    model = ["--model", "openai/stub", "--api-base", api_base, "--backend", "ciayn"]
+    return ["run", "do the task", *model, "--tools", CIAYN_TOOLS, "--workspace", str(workspace), *options]
+
+
+def test_ciayn_run_cli_passes_allowlist_prompt_and_sampling_options(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from controller import cli
+
+    stub_module = pytest.importorskip("llm_stub")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with stub_module.LLMStub(["append_line(text='cli')", DONE]) as stub:
+        options = ["--allow-tools", "append_line,complete_task", "--prompt", "compact"]
+        options += ["--temperature", "0.5", "--seed", "7", "--max-tokens", "64", "--json"]
+        argv = cli_argv(stub.api_base, workspace, *options)
+        assert cli.main(argv) == 0
+        first = stub.requests[0]
+    assert (first["temperature"], first["seed"], first["max_tokens"]) == (0.5, 7, 64)
+    messages = first["messages"]
+    assert "remember(" not in messages[0]["content"] and "append_line(" in messages[0]["content"]
+    assert messages[0]["content"].startswith(prompts.COMPACT_INSTRUCTIONS[:40])
+    assert "tools offered to the model: append_line, complete_task" in capsys.readouterr().out
+    assert log_lines(workspace) == ["cli", "complete all done"]
+
+
+def test_ciayn_run_cli_rejects_an_allowlist_naming_a_missing_tool(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from controller import cli
+
+    argv = cli_argv("http://127.0.0.1:9/v1", workspace, "--allow-tools", "append_line,nope")
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--allow-tools" in err and "nope" in err and "append_line" in err
+
+
 # --- pure parts: history, feedback texts, events ----------------------------------------------
 
 
