@@ -205,7 +205,7 @@ class _Run:
     invalid: int = 0
     empty: int = 0
     trim_noticed: bool = False
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # call ids key the executor's shared cache
     call_serial: int = 0
 
     def events(self) -> Generator[StepEvent, None, None]:

@@ -21,6 +21,7 @@ for _key, _value in OFFLINE_ENV.items():  # before anything can import litellm: 
 from controller.client import ExecutorClient, ExecutorUnavailable  # noqa: E402
 from controller.local import ExecutorStartError, LocalExecutor  # noqa: E402
 from protocol import Result  # noqa: E402
+from protocol.grammar import EXPECTED_SHAPE  # noqa: E402
 
 BUILTIN_TOOLS = "executor.toolkits.builtin"
 LOCAL_MODEL = "local"
@@ -46,6 +47,29 @@ Exit status: 0 when a tool signalled that the task is complete, 1 otherwise, 2 f
 """
 
 
+def _number(kind: type, *, minimum: float = 0.0, inclusive: bool = False) -> Any:
+    """An argparse type: a finite number above ``minimum`` (or at it, when ``inclusive``)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        ok = value >= minimum if inclusive else value > minimum
+        if not ok or value != value or value in (float("inf"), float("-inf")):
+            bound = f"at least {minimum:g}" if inclusive else f"more than {minimum:g}"
+            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+POSITIVE_FLOAT = _number(float)
+POSITIVE_INT = _number(int)
+NON_NEGATIVE_FLOAT = _number(float, inclusive=True)
+
+
 class UserError(Exception):
     """Something the user can fix; printed as one paragraph, no traceback."""
 
@@ -60,9 +84,9 @@ def _executor_options(p: argparse.ArgumentParser) -> None:
                    help="start a private executor with these tool modules (dotted name or .py path; repeatable)")
     p.add_argument("--workspace", metavar="DIR", default=".",
                    help="directory the private executor's file tools are confined to (default: .)")
-    p.add_argument("--timeout", type=float, default=None, metavar="S",
+    p.add_argument("--timeout", type=POSITIVE_FLOAT, default=None, metavar="S",
                    help="per-call wall-clock limit in seconds (default: the executor's, 30 s for a private one)")
-    p.add_argument("--memory-mb", type=int, default=None, metavar="MB",
+    p.add_argument("--memory-mb", type=POSITIVE_INT, default=None, metavar="MB",
                    help="memory limit of a private executor's workers")
 
 
@@ -81,8 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=["auto", "react", "ciayn"], default="auto",
                      help="react: native tool calling (LangGraph); ciayn: one line of Python per step; "
                      "auto (default): react when the model is known to call tools well")
-    run.add_argument("--max-steps", type=int, default=30, metavar="N", help="model requests before stopping (30)")
-    run.add_argument("--max-cost", type=float, default=None, metavar="USD", help="stop once this much is spent")
+    run.add_argument("--max-steps", type=POSITIVE_INT, default=30, metavar="N",
+                     help="model requests before stopping (30)")
+    run.add_argument("--max-cost", type=POSITIVE_FLOAT, default=None, metavar="USD",
+                     help="stop once this much is spent")
     run.add_argument("--grammar", choices=["auto", "on", "off"], default="auto",
                      help="constrain CIAYN replies with a GBNF grammar (auto: on for the local model)")
     run.add_argument("--allow-tools", metavar="NAMES",
@@ -91,11 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--prompt", choices=["auto", "full", "compact"], default="auto",
                      help="CIAYN prompt: full rules and docstrings, or compact (short rules, one line per tool, "
                      "and demonstrated example turns) for small models (auto: compact for the local model)")
-    run.add_argument("--temperature", type=float, default=None, metavar="T",
+    run.add_argument("--temperature", type=NON_NEGATIVE_FLOAT, default=None, metavar="T",
                      help="sampling temperature (default 0: the most likely reply)")
     run.add_argument("--seed", type=int, default=None, metavar="N",
                      help="sampling seed, for servers that take one (llama.cpp, OpenAI)")
-    run.add_argument("--max-tokens", type=int, default=None, metavar="N",
+    run.add_argument("--max-tokens", type=POSITIVE_INT, default=None, metavar="N",
                      help="cap on each model reply's tokens (default: the provider's; 128 for the local model)")
     run.add_argument("--show-reasoning", action="store_true", help="show the model's reasoning / think blocks")
     run.add_argument("--json", action="store_true", help="print one JSON event per line instead of a transcript")
@@ -123,7 +149,10 @@ def open_executor(args: argparse.Namespace) -> Iterator[ExecutorClient]:
     if args.executor and args.tools:
         raise UserError("Give either --executor (a running executor) or --tools (start a private one), not both.")
     if args.executor:
-        client = ExecutorClient(args.executor, **({"timeout": args.timeout} if args.timeout else {}))
+        try:
+            client = ExecutorClient(args.executor, timeout=args.timeout)
+        except ValueError as e:
+            raise UserError(f"{e}. Endpoints look like ipc:///path/to/socket or tcp://host:port.") from None
         try:
             client.tools()
         except ExecutorUnavailable as e:
@@ -201,7 +230,8 @@ def _print_result(result: Result) -> None:
             print(json.dumps(value, indent=2, ensure_ascii=False, default=repr))
     else:
         assert result.error is not None
-        err.print(f"[bold red]{result.error.kind}[/bold red]: {_esc(result.error.message)}", highlight=False)
+        message = result.error.message.replace(EXPECTED_SHAPE, "").strip()  # that hint is for models
+        err.print(f"[bold red]{result.error.kind}[/bold red]: {_esc(message)}", highlight=False)
         if result.error.traceback:
             err.print(_esc(result.error.traceback.rstrip()), style="dim", highlight=False)
     for s in result.signals:
@@ -309,7 +339,7 @@ def _make_agent(settings: ModelSettings, backend: str, args: argparse.Namespace,
     if settings.allow_tools is not None:
         options["allow_tools"] = settings.allow_tools
     return create_agent(config, client, backend=backend, max_steps=args.max_steps, max_cost=args.max_cost,
-                        show_reasoning=args.show_reasoning, **options)
+                        show_reasoning=args.show_reasoning, call_timeout=args.timeout, **options)
 
 
 def _drive(agent: Any, task: str, transcript: Any) -> Any:
