@@ -52,6 +52,7 @@ EXIT_STATUS_WAIT = 2.0  # after a worker's channel closes, how long to wait for 
 RESULT_CACHE_SIZE = 4096  # recent results kept to answer resent call ids...
 RESULT_CACHE_BYTES = 128 * 1024 * 1024  # ...and at most this many encoded bytes of them (a result may be MBs)
 POLL_MAX_MS = 1000
+SPIN_AFTER_DISPATCH = 0.0003  # seconds of polling without sleep after a dispatch (quick calls' replies)
 SHUTDOWN_LINGER_MS = 500
 
 
@@ -118,6 +119,7 @@ class Supervisor:
         self.parent_pid = parent_pid
         self.profile = profile
         self.use_cgroups = use_cgroups
+        self.spin_until = 0.0
         self.curve_secret = curve_secret
         self.curve_clients = curve_clients
         self.auth: Any = None
@@ -294,7 +296,10 @@ class Supervisor:
     def _loop(self, wake_r: int, parent_fd: int | None) -> None:
         template_fd = self.template.fileno() if self.template else -1
         while not self.stopping:
-            events = dict(self.poller.poll(self._poll_timeout_ms()))
+            # Right after handing a call to a worker, poll without sleeping for a moment: a quick
+            # call's reply is then read without the cost of waking this process up again.
+            spinning = time.monotonic() < self.spin_until
+            events = dict(self.poller.poll(0 if spinning else self._poll_timeout_ms()))
             now = time.monotonic()
             if wake_r in events:
                 with contextlib.suppress(BlockingIOError):
@@ -477,6 +482,7 @@ class Supervisor:
             job.deadline = job.started + job.limits.timeout_s
             slot.job = job
             slot.seq += 1
+            self.spin_until = time.monotonic() + SPIN_AFTER_DISPATCH
             request = {
                 "seq": slot.seq,
                 "tool": job.call.tool,
