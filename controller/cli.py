@@ -80,6 +80,10 @@ class UserError(Exception):
 def _executor_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("executor (choose one; default: a private executor with the built-in toolkit)")
     g.add_argument("--executor", metavar="ENDPOINT", help="use a running executor or broker, e.g. tcp://host:5555")
+    g.add_argument("--curve-server-key", metavar="FILE",
+                   help="CurveZMQ: the executor's public key file (for a tcp executor started with --curve-secret)")
+    g.add_argument("--curve-key", metavar="FILE",
+                   help="CurveZMQ: this client's .key_secret file (for an executor started with --curve-clients)")
     g.add_argument("--tools", action="append", metavar="MODULE",
                    help="start a private executor with these tool modules (dotted name or .py path; repeatable)")
     p.add_argument("--workspace", metavar="DIR", default=".",
@@ -144,13 +148,29 @@ def build_parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------------------ executor
 
 
+def _curve_options(args: argparse.Namespace) -> dict[str, Any]:
+    if not args.curve_server_key:
+        if args.curve_key:
+            raise UserError("--curve-key needs --curve-server-key (the executor's public key file).")
+        return {}
+    from executor.curve import CurveError, load_pair, load_public
+
+    try:
+        options: dict[str, Any] = {"curve_server_key": load_public(args.curve_server_key)}
+        if args.curve_key:
+            options["curve_keys"] = load_pair(args.curve_key)
+    except CurveError as e:
+        raise UserError(str(e)) from None
+    return options
+
+
 @contextlib.contextmanager
 def open_executor(args: argparse.Namespace) -> Iterator[ExecutorClient]:
     if args.executor and args.tools:
         raise UserError("Give either --executor (a running executor) or --tools (start a private one), not both.")
     if args.executor:
         try:
-            client = ExecutorClient(args.executor, timeout=args.timeout)
+            client = ExecutorClient(args.executor, timeout=args.timeout, **_curve_options(args))
         except ValueError as e:
             raise UserError(f"{e}. Endpoints look like ipc:///path/to/socket or tcp://host:port.") from None
         try:

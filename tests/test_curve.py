@@ -103,3 +103,13 @@ def test_a_missing_or_wrong_key_file_stops_start_up_clearly(tmp_path: Path, keys
         assert out.returncode != 0 and expected in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
         assert time.monotonic() - started < 30
+
+
+def test_ciayn_call_reaches_a_curve_executor_with_key_files(keys: dict[str, Path],
+                                                           start_executor: Callable[..., str]) -> None:
+    endpoint = start_executor("--curve-secret", str(keys["server_sec"]), "--curve-clients", str(keys["clients"]))
+    out = subprocess.run([sys.executable, "-m", "controller.cli", "call", 'echo(value="over curve")',
+                          "--executor", endpoint, "--curve-server-key", str(keys["server_pub"]),
+                          "--curve-key", str(keys["client_sec"])], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "over curve"
