@@ -26,7 +26,6 @@ demonstrated example turns (``prompts.example_turns``), and a grammar makes ever
 from __future__ import annotations
 
 import importlib
-import threading
 import uuid
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from controller.events import (
     Notice,
     Rejected,
     StepEvent,
+    StreamingAgent,
     Tally,
     ToolCallEvent,
     ToolResultEvent,
@@ -80,7 +80,7 @@ def build_grammar(specs: Sequence[ToolSpec]) -> str:
     return grammar
 
 
-class CiaynAgent:
+class CiaynAgent(StreamingAgent):
     """A CIAYN agent over one model and one executor client.
 
     ``max_steps`` bounds model requests; ``max_cost`` (dollars) stops the run once spent;
@@ -136,8 +136,7 @@ class CiaynAgent:
         self.call_timeout = call_timeout
         self.prompt_style = prompt_style
         self.few_shot = few_shot
-        self._stop = threading.Event()
-        self._stop_reason = ""
+        super().__init__()
 
     @classmethod
     def from_config(cls, config: ModelConfig, client: ToolClient, **options: Any) -> CiaynAgent:
@@ -150,23 +149,8 @@ class CiaynAgent:
             options["repair_model"] = LiteLLMModel(config.for_repair())
         return cls(LiteLLMModel(config), client, **options)
 
-    def stop(self, reason: str = "stopped by the user") -> None:
-        """Ask a running ``stream`` to end (thread-safe): it finishes with status ``stopped`` before
-        its next model request or call."""
-        self._stop_reason = reason
-        self._stop.set()
-
-    def stream(self, task: str | Sequence[Message]) -> Iterator[StepEvent]:
-        """Run ``task`` (text, or initial messages) and yield step events; the last is ``Finished``."""
-        self._stop.clear()
+    def _events(self, task: str | Sequence[Message]) -> Iterator[StepEvent]:
         return _Run(self, task).events()
-
-    def run(self, task: str | Sequence[Message]) -> Finished:
-        """Run to the end and return the ``Finished`` event."""
-        events = list(self.stream(task))
-        finished = events[-1]
-        assert isinstance(finished, Finished)
-        return finished
 
 
 def _merge_roles(messages: Sequence[Message]) -> list[dict[str, Any]]:

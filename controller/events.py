@@ -11,7 +11,8 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -265,3 +266,30 @@ def final_event(events: Iterable[StepEvent]) -> Finished:
     if finished is None:
         raise RuntimeError("the run ended without a Finished event")
     return finished
+
+
+class StreamingAgent:
+    """What both backends share: a thread-safe stop flag, and ``stream``/``run`` over the run's
+    step events. A backend implements ``_events(task)``, checking ``_stop`` between steps."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._stop_reason = ""
+
+    def stop(self, reason: str = "stopped by the user") -> None:
+        """Ask a running ``stream`` to end (thread-safe): it finishes with status ``stopped`` before
+        its next model request, and calls not yet sent are not sent."""
+        self._stop_reason = reason
+        self._stop.set()
+
+    def stream(self, task: Any) -> Iterator[StepEvent]:
+        """Run ``task`` (text, or initial messages) and yield step events; the last is ``Finished``."""
+        self._stop.clear()
+        return self._events(task)
+
+    def run(self, task: Any) -> Finished:
+        """Run to the end and return the ``Finished`` event."""
+        return final_event(self.stream(task))
+
+    def _events(self, task: Any) -> Iterator[StepEvent]:
+        raise NotImplementedError

@@ -55,10 +55,10 @@ from controller.events import (
     Notice,
     Rejected,
     StepEvent,
+    StreamingAgent,
     Tally,
     ToolCallEvent,
     ToolResultEvent,
-    final_event,
 )
 from controller.history import TOKEN_HEADROOM, TRIM_NOTE
 from controller.models import (
@@ -300,7 +300,7 @@ class _StopRequested(Exception):
     """Raised from the retry backoff when the run is asked to stop while waiting."""
 
 
-class ReactAgent:
+class ReactAgent(StreamingAgent):
     """A ReAct agent over one LangChain chat model (with tool calling) and one executor client.
 
     ``max_steps`` bounds model requests; ``max_cost`` (dollars) stops the run once spent.
@@ -345,8 +345,7 @@ class ReactAgent:
         self.price = price
         self.show_reasoning = show_reasoning
         self.model_name = model_name or _model_name(chat_model)
-        self._stop = threading.Event()
-        self._stop_reason = ""
+        super().__init__()
 
     @classmethod
     def from_config(cls, config: ModelConfig, client: ToolClient, **options: Any) -> ReactAgent:
@@ -364,20 +363,8 @@ class ReactAgent:
             options["count_tokens"] = litellm_token_counter(config)
         return cls(chat_model(config), client, **options)
 
-    def stop(self, reason: str = "stopped by the user") -> None:
-        """Ask a running ``stream`` to end (thread-safe): it finishes with status ``stopped`` before its
-        next model request, and calls not yet sent are not sent."""
-        self._stop_reason = reason
-        self._stop.set()
-
-    def stream(self, task: str | Sequence[Any]) -> Iterator[StepEvent]:
-        """Run ``task`` (text, or initial messages) and yield step events; the last is ``Finished``."""
-        self._stop.clear()
+    def _events(self, task: str | Sequence[Any]) -> Iterator[StepEvent]:
         return _ReactRun(self, task).events()
-
-    def run(self, task: str | Sequence[Any]) -> Finished:
-        """Run to the end and return the ``Finished`` event."""
-        return final_event(self.stream(task))
 
 
 @dataclass
