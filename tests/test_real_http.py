@@ -132,6 +132,32 @@ def test_ciayn_run_cli_with_the_react_backend_completes_over_http(workspace: Pat
     assert any(e["event"] == "tool_result" and e["tool"] == "write_file" and e["ok"] for e in events)
 
 
+def test_ciayn_run_cli_with_the_ciayn_backend_completes_over_http(workspace: Path) -> None:
+    """The CIAYN path through the CLI: text replies parsed into calls, run in a private executor,
+    and a timeout from --timeout that the executor enforces on a call."""
+    replies = [
+        'write_file(path="ciayn.txt", content="from a CIAYN run")',
+        'run_shell(command="sleep 30")',
+        'complete_task(summary="ciayn.txt written")',
+    ]
+    with LLMStub(replies) as stub:
+        env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "controller.cli", "run", "Write ciayn.txt", "--model", "openai/stub",
+             "--api-base", stub.api_base, "--backend", "ciayn", "--workspace", str(workspace), "--timeout", "1",
+             "--json"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]
+        assert len(stub.requests) == 3
+        assert "tools" not in stub.requests[0]  # CIAYN sends text prompts, not tool schemas
+    assert (workspace / "ciayn.txt").read_text() == "from a CIAYN run"
+    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    shell = [e for e in events if e["event"] == "tool_result" and e["tool"] == "run_shell"]
+    assert shell and shell[0]["error_kind"] == "timeout" and shell[0]["worker_restarted"]
+    assert events[-1]["event"] == "finished" and events[-1]["status"] == "completed"
+
+
 def test_the_stub_streams_when_asked() -> None:
     """Server-sent events, for callers that stream: text and tool calls arrive whole, usage last."""
     litellm = import_litellm()
