@@ -212,6 +212,9 @@ class Supervisor:
             self.limits.memory_mb, self.cgroups or "none (rlimits and subreaper only)",
             self._curve_description(),
         )
+        if self.endpoint.startswith("tcp://") and not self.curve_secret and not _loopback(self.endpoint):
+            log.warning("serving on %s without CurveZMQ: anyone who can reach this address can run these tools; "
+                        "use --curve-secret (and --curve-clients) or bind to 127.0.0.1", self.endpoint)
         try:
             self._loop(wake_r, parent_fd)
         finally:
@@ -736,3 +739,8 @@ def _file_identity(path: str) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+def _loopback(endpoint: str) -> bool:
+    host = endpoint[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
