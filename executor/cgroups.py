@@ -196,3 +196,19 @@ class CgroupSupport:
                         child.rmdir()
                         removed += 1
         return removed
+
+    def remove_named(self, name_prefix: str) -> None:
+        """Kill and remove every group whose name starts with ``name_prefix`` (an executor's own,
+        at its shutdown: a backstop for groups its template could not remove)."""
+        groups: dict[str, dict[str, Path]] = {}
+        for attr in ("memory_parent", "pids_parent", "kill_parent"):
+            parent = getattr(self, attr)
+            if parent is not None:
+                for child in parent.glob(f"{PREFIX}{name_prefix}*"):
+                    groups.setdefault(child.name, {})[attr] = child
+        for paths in groups.values():
+            kill = paths.get("kill_parent")
+            group = Group(paths.get("memory_parent"), paths.get("pids_parent"),
+                          kill if kill is not None and (kill / "cgroup.kill").exists() else None)
+            group.kill_all()
+            group.remove()

@@ -268,6 +268,12 @@ class Supervisor:
                     os.kill(slot.pid, signal.SIGKILL)
             self._close_slot(slot)
         self._stop_template()
+        if self.cgroups:  # the template removes its workers' groups; this is the backstop
+            from executor.cgroups import CgroupSupport
+
+            support = CgroupSupport.detect()
+            if support is not None:
+                support.remove_named(f"{self.executor_id}-")
         self.sock.close(linger=SHUTDOWN_LINGER_MS)
         if self.auth is not None:
             self.auth.stop()
