@@ -291,7 +291,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                 server = stack.enter_context(LocalModelServer())
             except (ModelNotInstalled, ModelServerError) as e:
                 raise UserError(str(e)) from None
-            backend = "ciayn" if backend == "auto" else backend
             model = server.react_model if backend == "react" else server.ciayn_model
             api_base = server.api_base
             grammar = "on" if grammar == "auto" else grammar

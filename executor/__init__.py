@@ -14,5 +14,6 @@ This package never imports the controller, litellm, langchain or langgraph.
 from executor import signals
 from executor.context import workspace
 from executor.registry import RegistryError, Tool, load_tools, tool
+from executor.toolkits.paths import confine
 
-__all__ = ["RegistryError", "Tool", "load_tools", "signals", "tool", "workspace"]
+__all__ = ["RegistryError", "Tool", "confine", "load_tools", "signals", "tool", "workspace"]

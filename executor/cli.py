@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             public, secret = keygen(args.dir, args.name)
-        except CurveError as e:
+        except (CurveError, OSError) as e:
             print(f"ciayn-executor: {e}", file=sys.stderr)
             return 1
         print(f"public key: {public}\nsecret key: {secret} (keep it private)")
@@ -115,6 +115,9 @@ def _serve(args: argparse.Namespace) -> int:
     if args.curve_clients and not args.curve_secret:
         print("ciayn-executor: --curve-clients needs --curve-secret (the server's own key)", file=sys.stderr)
         return 2
+    # File paths of tool modules are relative to where the command ran, not to --workspace (the
+    # executor changes into the workspace before it imports them).
+    args.tools = [os.path.abspath(t) if t.endswith(".py") or os.sep in t else t for t in args.tools]
     limits = Limits(timeout_s=args.timeout, cpu_s=args.cpu_s, memory_mb=args.memory_mb,
                     max_output_kb=args.max_output_kb, max_result_kb=args.max_result_kb,
                     processes=args.max_processes)

@@ -326,3 +326,14 @@ def test_a_tool_that_kills_the_template_stops_the_executor_with_a_failure_status
     assert "the template process died" in local.log_path.read_text()
     assert not (local.dir / "executor.sock").exists()
     assert wait_until_dead(pids) == []
+
+
+def test_a_relative_tool_file_is_found_from_where_the_command_ran_even_with_a_workspace(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "my_tools.py").write_text(
+        "from executor import tool\n\n@tool\ndef hello() -> str:\n    \"\"\"Say hi.\"\"\"\n    return 'hi'\n"
+    )
+    out = subprocess.run([sys.executable, "-m", "controller.cli", "call", "hello()", "--tools", "./my_tools.py",
+                          "--workspace", "ws"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "hi"
