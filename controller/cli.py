@@ -164,10 +164,22 @@ def _curve_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-@contextlib.contextmanager
-def open_executor(args: argparse.Namespace) -> Iterator[ExecutorClient]:
+def check_executor_args(args: argparse.Namespace) -> None:
+    """Usage errors of the executor options, found before anything is started."""
     if args.executor and args.tools:
         raise UserError("Give either --executor (a running executor) or --tools (start a private one), not both.")
+    if (args.curve_server_key or args.curve_key) and not args.executor:
+        raise UserError("--curve-server-key and --curve-key are for --executor (a running executor over tcp).")
+    if args.executor and args.executor.startswith("ipc://"):
+        path = args.executor[len("ipc://"):]
+        if path and not path.startswith("@") and not os.path.exists(path):
+            raise UserError(f"No executor socket at {path}: start one with `ciayn-executor serve --bind "
+                            f"{args.executor} --tools ...`, or check the path.")
+
+
+@contextlib.contextmanager
+def open_executor(args: argparse.Namespace) -> Iterator[ExecutorClient]:
+    check_executor_args(args)
     if args.executor:
         try:
             client = ExecutorClient(args.executor, timeout=args.timeout, **_curve_options(args))
@@ -390,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handlers = {"run": cmd_run, "call": cmd_call, "tools": cmd_tools}
     try:
+        check_executor_args(args)
         return handlers[args.command](args)
     except UserError as e:
         print(f"ciayn: {e}", file=sys.stderr)

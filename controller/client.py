@@ -114,9 +114,12 @@ class ExecutorClient:
     def tools(self, timeout: float | None = None) -> list[ToolSpec]:
         """The executor's tool specs (from its ``welcome``; refreshed after a restart)."""
         if not self._welcome_event.wait(self.connect_timeout if timeout is None else timeout):
+            hint = "is `ciayn-executor serve` running there?"
+            if self.endpoint.startswith("tcp://"):
+                hint += (" An executor using CurveZMQ also stays silent when the keys do not match: check"
+                         " the server key, and that this client's public key is in its --curve-clients dir.")
             raise ExecutorUnavailable(
-                f"no executor answered at {self.endpoint} within {self.connect_timeout:g} s; "
-                "is `ciayn-executor serve` running there?"
+                f"no executor answered at {self.endpoint} within {self.connect_timeout:g} s; {hint}"
             )
         assert self._welcome is not None
         return list(self._welcome.tools)
