@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,18 @@ def _curve_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+SOCKET_WAIT_S = 10.0  # an executor started a moment ago may not have bound its socket yet
+
+
+def _appears(path: str, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def check_executor_args(args: argparse.Namespace) -> None:
     """Usage errors of the executor options, found before anything is started."""
     if args.executor and args.tools:
@@ -172,7 +185,7 @@ def check_executor_args(args: argparse.Namespace) -> None:
         raise UserError("--curve-server-key and --curve-key are for --executor (a running executor over tcp).")
     if args.executor and args.executor.startswith("ipc://"):
         path = args.executor[len("ipc://"):]
-        if path and not path.startswith("@") and not os.path.exists(path):
+        if path and not path.startswith("@") and not _appears(path, SOCKET_WAIT_S):
             raise UserError(f"No executor socket at {path}: start one with `ciayn-executor serve --bind "
                             f"{args.executor} --tools ...`, or check the path.")
 
