@@ -2,6 +2,12 @@
 
 A tool is a plain function marked with ``@executor.tool(...)``, or a public function listed in its
 module's ``__all__``. ``--tools`` names a dotted module or a path to a ``.py`` file.
+
+Loading checks each definition: every annotation must resolve (``b: itn`` under ``from __future__
+import annotations`` is refused, naming the tool and the parameter), and argument values are later
+checked against the annotations (``ToolSpec.bind``: a wrong type is ``bad_arguments`` naming the
+parameter). A tool without a docstring is loaded with a warning in the executor's log: the model
+then sees only its signature, which works for a self-explanatory tool but is usually a mistake.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import logging
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -16,7 +23,9 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from protocol import ToolSpec, ValueRefused, check_value
+from protocol.spec import ToolDefinitionError
 
+log = logging.getLogger("ciayn.executor.registry")
 F = TypeVar("F", bound=Callable[..., Any])
 _MARK = "__ciayn_tool__"
 
@@ -111,7 +120,13 @@ def tools_of(module: Any) -> list[Tool]:
         if inspect.iscoroutinefunction(obj) or inspect.isasyncgenfunction(obj) or inspect.isgeneratorfunction(obj):
             raise RegistryError(f"tool {where} is an async or generator function; tools must be plain "
                                 "functions that return a value")
-        spec = ToolSpec.from_function(obj, name=tool_name, **flags)
+        try:
+            spec = ToolSpec.from_function(obj, name=tool_name, **flags)
+        except ToolDefinitionError as e:
+            raise RegistryError(f"{e} (in {where}); fix the annotation or import the type") from None
+        if not spec.doc:
+            log.warning("tool %s (%s) has no docstring: the model sees only its signature; "
+                        "add one that says what it does and returns", tool_name, where)
         try:
             check_value(spec.model_dump(), f"the spec of tool {where}")
         except ValueRefused as e:  # e.g. a default value msgpack cannot carry

@@ -1,8 +1,9 @@
 """Call fingerprints for repeat detection.
 
 Two calls have the same fingerprint when they name the same tool with the same arguments: keyword
-order, quote style and (given the tool's spec) positional-vs-keyword form do not matter, but types do,
-so ``'1'`` differs from ``1`` and ``'True'`` from ``True``.
+order, quote style and (given the tool's spec) positional-vs-keyword form and default values written
+out or left out do not matter (``deploy("prod")`` is ``deploy(target="prod", count=1)`` when ``count``
+defaults to 1), but types do, so ``'1'`` differs from ``1`` and ``'True'`` from ``True``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def fingerprint(call: Call, spec: ToolSpec | None = None) -> str:
     """A stable hex digest of the call's tool and canonical arguments."""
     if spec is not None:
         try:
-            named: dict[str, Any] = spec.bind(call.args, call.kwargs)
+            named: dict[str, Any] = {**spec.defaults(), **spec.bind(call.args, call.kwargs)}
             body: Any = [call.tool, _canonical(named)]
         except BindError:
             body = [call.tool, _canonical(call.args), _canonical(call.kwargs)]

@@ -28,7 +28,17 @@ EXPECTED_SHAPE = 'Reply with exactly one call such as: tool_name(arg="value")'
 _THINK_TAG = re.compile(r"<(/?)(?:think|thinking)>", re.IGNORECASE)
 _FENCE = re.compile(r"^[ \t]*(```+|~~~+)[ \t]*([A-Za-z0-9_+\-.]*)[ \t]*$", re.MULTILINE)
 _ONE_LINE_FENCE = re.compile(r"^(```+|~~~+)(.*?)(?:\1)?$", re.DOTALL)
-_FENCE_LANGUAGE = re.compile(r"^(?:python3?|py|tool_code|tool|code)\s+(?=[A-Za-z_])", re.IGNORECASE)
+# A one-line fence's language tag: any word followed by whitespace and then something shaped like a
+# call (```json f()```); a call written with a space before "(" keeps its name (```f (1)``` stays).
+_FENCE_LANGUAGE = re.compile(r"^[A-Za-z0-9_+\-.]+\s+(?=[A-Za-z_][A-Za-z0-9_]*\s*\()")
+# Chat-template wrappers some servers leave around a reply (Qwen/Hermes tool-call tags, end tokens).
+_WRAPPER_OPEN = re.compile(r"^\s*(?:<\|im_start\|>\s*assistant\s*|<tool_call>\s*)+", re.IGNORECASE)
+_WRAPPER_CLOSE = re.compile(
+    r"(?:\s*(?:</tool_call>|<\|im_end\|>|<\|eot_id\|>|<\|endoftext\|>|<\|end\|>|</s>))+\s*$", re.IGNORECASE
+)
+_STRAY_CLOSE = re.compile(r"\)\s*(?:```+|`)\s*$")  # a closing fence or backtick after the call's ")"
+MAX_PROSE_CANDIDATES = 4  # lines tried as the start of a call after leading prose
+_LINE_STARTS_LIKE_CALL = re.compile(r"^[ \t]*[A-Za-z_][A-Za-z0-9_]*\s*\(", re.MULTILINE)
 # Strings and comments (what is inside them does not count), brackets and separators, for the bounds.
 _SCAN = re.compile(  # strings as unrolled loops: linear, no ambiguous backtracking
     r"[rRbBuUfF]{0,2}(?:"
@@ -135,8 +145,10 @@ def _strip_think(text: str) -> str:
 
 
 def strip_markup(text: str) -> str:
-    """Remove think blocks, markdown fences and backticks around a call; normalise line ends."""
+    """Remove think blocks, chat-template wrappers (``<tool_call>``, ``<|im_end|>``), markdown fences
+    and backticks around a call, and a stray closing fence or backtick after it; normalise line ends."""
     text = _strip_think(text.replace("\r\n", "\n").replace("\r", "\n")).strip()
+    text = _WRAPPER_CLOSE.sub("", _WRAPPER_OPEN.sub("", text, count=1), count=1).strip()
     if text.startswith(("```", "~~~")) or not _STARTS_LIKE_CALL.match(text):
         fences = list(_FENCE.finditer(text))
         if fences:
@@ -151,7 +163,35 @@ def strip_markup(text: str) -> str:
     if text.startswith("`") and not text.startswith("``"):
         text = text[1:-1] if text.endswith("`") and len(text) > 1 else text[1:]
         text = text.strip()
+    stray = _STRAY_CLOSE.search(text)
+    if stray is not None:
+        text = text[: stray.start() + 1]
     return text
+
+
+def _repair_triple_quotes(text: str) -> str | None:
+    """RA.Aid's repair of file content holding unescaped triple quotes: when the first line opens a
+    triple-quoted string and the last line closes one of the same kind, escape that triple quote
+    wherever it appears unescaped on the lines between. None when the text is not of that shape.
+    The repaired text is parsed and checked like any other reply."""
+    lines = text.split("\n")
+    if len(lines) < 3:
+        return None
+    for quote in ('"""', "'''"):
+        if quote in lines[0] and quote in lines[-1]:
+            pattern = re.compile(r"(?<!\\)" + re.escape(quote))
+            middle = [pattern.sub("\\\\" + quote, line) for line in lines[1:-1]]
+            if middle != lines[1:-1]:
+                return "\n".join([lines[0], *middle, lines[-1]])
+            return None
+    return None
+
+
+def _after_prose(text: str) -> list[str]:
+    """Where a call may start after leading prose (``Sure!\\ndone()``): the text from each line
+    that starts like a call, a few at most."""
+    starts = [m.start() for m in _LINE_STARTS_LIKE_CALL.finditer(text) if m.start() > 0]
+    return [text[i:].strip() for i in starts[:MAX_PROSE_CANDIDATES]]
 
 
 def _check_length(text: str) -> None:
@@ -330,22 +370,46 @@ def _check_against_tools(call: Call, tools: Mapping[str, ToolSpec]) -> ToolSpec:
     return spec
 
 
-def _statements(text: str) -> tuple[list[ast.stmt], list[str]]:
+def _statements(text: str) -> tuple[list[ast.stmt], list[str], str]:
+    """The statements of a reply, its source lines and the cleaned text they were parsed from.
+
+    A reply that does not parse gets two more chances, each through the same parser and checks: the
+    RA.Aid triple-quote repair, and the call on its own line after leading prose."""
     if not isinstance(text, str):
         raise CallRejected(f"Expected text, got {type(text).__name__}. {EXPECTED_SHAPE}", "type")
     _check_length(text)  # the whole reply, before any regex or the parser sees it
     cleaned = strip_markup(text)
-    module = _parse_module(cleaned)
+    try:
+        module = _parse_module(cleaned)
+    except CallRejected as e:
+        if e.code != "syntax":
+            raise
+        for candidate in _fallbacks(cleaned):
+            try:
+                module = _parse_module(candidate)
+            except CallRejected:
+                continue
+            if module.body:
+                cleaned = candidate
+                break
+        else:
+            raise
     if not module.body:
         raise CallRejected(
             f"Your reply holds no call (only comments or whitespace). {EXPECTED_SHAPE}", "empty"
         )
-    return module.body, cleaned.split("\n")
+    return module.body, cleaned.split("\n"), cleaned
+
+
+def _fallbacks(cleaned: str) -> list[str]:
+    after_prose = _after_prose(cleaned)
+    candidates = [_repair_triple_quotes(cleaned), *after_prose, *(_repair_triple_quotes(c) for c in after_prose)]
+    return [strip_markup(c) for c in candidates if c]
 
 
 def parse_call(text: str, tools: Mapping[str, ToolSpec] | None = None) -> Call:
     """Parse exactly one call. With ``tools``, the tool must exist and the arguments must bind."""
-    body, lines = _statements(text)
+    body, lines, _ = _statements(text)
     if len(body) > 1:
         raise _reject(
             f"Your reply holds {len(body)} statements; send exactly one call per reply.", "multiple"
@@ -361,12 +425,18 @@ def parse_calls(text: str, tools: Mapping[str, ToolSpec] | None = None) -> list[
 
     A bundle is accepted only when every call in it is valid and its tool is flagged ``bundleable``;
     otherwise the whole text is rejected, naming the offending call."""
-    body, lines = _statements(text)
+    return parse_reply(text, tools)[0]
+
+
+def parse_reply(text: str, tools: Mapping[str, ToolSpec] | None = None) -> tuple[list[Call], str]:
+    """``parse_calls``, also returning the call text that was parsed (markup, leading prose and
+    wrappers removed, triple quotes repaired): what the conversation should show as the reply."""
+    body, lines, cleaned = _statements(text)
     if len(body) == 1:
         call = _call_from_statement(body[0], lines)
         if tools is not None:
             _check_against_tools(call, tools)
-        return [call]
+        return [call], cleaned
     if len(body) > MAX_CALLS:
         raise _reject(f"Your reply holds {len(body)} calls; a bundle may hold at most {MAX_CALLS}.", "bundle")
     calls: list[Call] = []
@@ -388,4 +458,4 @@ def parse_calls(text: str, tools: Mapping[str, ToolSpec] | None = None) -> list[
                 "bundle",
             )
         calls.append(call)
-    return calls
+    return calls, cleaned

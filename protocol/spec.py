@@ -7,11 +7,12 @@ Both sides build specs the same way (``ToolSpec.from_function``) and bind argume
 from __future__ import annotations
 
 import inspect
+import json
 import warnings
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 
 ParamKind = Literal["positional_only", "positional_or_keyword", "var_positional", "keyword_only", "var_keyword"]
 _KINDS: dict[Any, ParamKind] = {
@@ -21,11 +22,17 @@ _KINDS: dict[Any, ParamKind] = {
     inspect.Parameter.KEYWORD_ONLY: "keyword_only",
     inspect.Parameter.VAR_KEYWORD: "var_keyword",
 }
-NO_DOC = "No docstring provided"
+NO_DOC = ""  # a tool without a docstring: the prompt shows its signature alone (the registry warns)
+MAX_SHOWN_VALUE_CHARS = 60  # of a refused argument value, in a bad-arguments message
 
 
 class BindError(ValueError):
     """Arguments that do not fit a tool's signature; the message names the parameter."""
+
+
+class ToolDefinitionError(ValueError):
+    """A tool whose definition cannot be used (an annotation that does not resolve); the message names
+    the tool and the parameter."""
 
 
 class Param(BaseModel):
@@ -48,6 +55,9 @@ class ToolSpec(BaseModel):
     no_repeat: bool = False
     idempotent: bool = False
     timeout: float | None = None  # the tool's own default wall-clock limit
+    # Checks argument values against the function's annotations. Set by ``from_function`` (where the
+    # function is at hand: the executor), never sent: a spec decoded from the wire binds by name only.
+    _arguments: Any = PrivateAttr(default=None)
 
     @classmethod
     def from_function(
@@ -60,7 +70,8 @@ class ToolSpec(BaseModel):
         timeout: float | None = None,
         name: str | None = None,
     ) -> ToolSpec:
-        sig = _signature(fn)
+        tool_name = name or fn.__name__
+        sig = _signature(fn, tool_name)
         params = [
             Param(name=p.name, kind=_KINDS[p.kind], required=p.default is inspect.Parameter.empty)
             for p in sig.parameters.values()
@@ -68,20 +79,26 @@ class ToolSpec(BaseModel):
         for p in params:
             if p.kind.startswith("var_"):
                 p.required = False
-        return cls(
-            name=name or fn.__name__,
+        model = _arguments_model(fn.__name__, sig)
+        spec = cls(
+            name=tool_name,
             signature=str(sig),
             doc=inspect.getdoc(fn) or NO_DOC,
-            parameters=_json_schema(fn.__name__, sig),
+            parameters=_json_schema(sig, model),
             params=params,
             bundleable=bundleable,
             no_repeat=no_repeat,
             idempotent=idempotent,
             timeout=timeout,
         )
+        spec._arguments = model
+        return spec
 
     def prompt_block(self) -> str:
-        """The text a CIAYN prompt shows for this tool: ``name(signature)`` then the docstring."""
+        """The text a CIAYN prompt shows for this tool: ``name(signature)`` then the docstring (the
+        signature alone when the tool has none)."""
+        if not self.doc:
+            return f"{self.name}{self.signature}"
         return f'{self.name}{self.signature}\n"""\n{self.doc}\n"""'
 
     def bind(self, args: list[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -122,32 +139,76 @@ class ToolSpec(BaseModel):
             raise BindError(
                 f"{self.name}() is missing the required argument{'s' if len(missing) > 1 else ''} {names}"
             )
+        if self._arguments is not None:
+            self._check_types(bound)
         return bound
+
+    def defaults(self) -> dict[str, Any]:
+        """The default value of each optional named parameter, as the JSON Schema records it."""
+        properties = self.parameters.get("properties") or {}
+        return {
+            p.name: properties[p.name]["default"]
+            for p in self.params
+            if not p.required and not p.kind.startswith("var_") and "default" in properties.get(p.name, {})
+        }
+
+    def _check_types(self, bound: dict[str, Any]) -> None:
+        """Check named argument values against the annotations (pydantic, strict JSON rules: a string
+        is not an int, a list may fill a tuple); a ``BindError`` names the first bad parameter."""
+        named = {p.name for p in self.params if not p.kind.startswith("var_")}
+        values = {k: v for k, v in bound.items() if k in named}
+        try:
+            text = json.dumps(values, default=_json_bytes)
+        except (TypeError, ValueError):
+            return  # not JSON-shaped (cannot come from the wire): nothing to compare
+        try:
+            self._arguments.model_validate_json(text, strict=True)
+        except ValidationError as e:
+            error = e.errors(include_url=False)[0]
+            where = error.get("loc") or ("?",)
+            param = str(where[0])
+            path = "".join(f"[{part!r}]" for part in where[1:])
+            shown = repr(_at(values, where))
+            if len(shown) > MAX_SHOWN_VALUE_CHARS:
+                shown = shown[: MAX_SHOWN_VALUE_CHARS - 3] + "..."
+            raise BindError(
+                f"{self.name}() argument {param!r}{path}: {error.get('msg', 'invalid value')}, got {shown}"
+            ) from None
 
     def _expected(self) -> str:
         names = [p.name for p in self.params if not p.kind.startswith("var_")]
         return f"; its parameters are: {', '.join(names)}" if names else "; it takes no arguments"
 
 
-def _signature(fn: Callable[..., Any]) -> inspect.Signature:
+def _signature(fn: Callable[..., Any], name: str) -> inspect.Signature:
     """The signature with string annotations resolved, so a tool module that uses
     ``from __future__ import annotations`` shows ``path: str`` (not ``path: 'str'``) and gets a typed
-    schema; as written when a name does not resolve."""
+    schema. An annotation that does not resolve (``b: itn``) is a ``ToolDefinitionError`` naming the
+    tool and the parameter: the model would otherwise be shown a type that does not exist."""
     try:
         return inspect.signature(fn, eval_str=True)
-    except Exception:
-        return inspect.signature(fn)
+    except Exception as e:
+        raw = inspect.signature(fn)
+        namespace = getattr(fn, "__globals__", {})
+        for p in [*raw.parameters.values(), None]:
+            annotation = raw.return_annotation if p is None else p.annotation
+            if not isinstance(annotation, str):
+                continue
+            try:
+                eval(annotation, dict(namespace))  # what inspect's eval_str does, one at a time
+            except Exception as bad:
+                what = "the return annotation" if p is None else f"the annotation of parameter {p.name!r}"
+                raise ToolDefinitionError(
+                    f"tool {name}: {what} ({annotation!r}) does not resolve: {type(bad).__name__}: {bad}"
+                ) from None
+        raise ToolDefinitionError(f"tool {name}: its annotations do not resolve: {type(e).__name__}: {e}") from None
 
 
-def _json_schema(fn_name: str, sig: inspect.Signature) -> dict[str, Any]:
-    """JSON Schema of a signature's named parameters (pydantic does the type mapping)."""
+def _arguments_model(fn_name: str, sig: inspect.Signature) -> Any:
+    """A pydantic model of the named parameters (None if pydantic cannot map an annotation)."""
     fields: dict[str, Any] = {}
-    var_kw = False
     for p in sig.parameters.values():
-        if p.kind is inspect.Parameter.VAR_POSITIONAL:
-            continue
-        if p.kind is inspect.Parameter.VAR_KEYWORD:
-            var_kw = True
+        if p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             continue
         annotation = Any if p.annotation is inspect.Parameter.empty else p.annotation
         default = ... if p.default is inspect.Parameter.empty else p.default
@@ -156,14 +217,45 @@ def _json_schema(fn_name: str, sig: inspect.Signature) -> dict[str, Any]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             model = create_model(f"{fn_name}_args", **fields)
+            model.model_json_schema()
+    except Exception:
+        return None
+    return model
+
+
+def _json_schema(sig: inspect.Signature, model: Any) -> dict[str, Any]:
+    """JSON Schema of a signature's named parameters (pydantic does the type mapping); untyped
+    parameters when pydantic cannot map an annotation."""
+    names = [
+        p for p in sig.parameters.values()
+        if p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+    if model is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             schema: dict[str, Any] = model.model_json_schema()
-    except Exception:  # an annotation pydantic cannot map: fall back to untyped parameters
+    else:
         schema = {
             "type": "object",
-            "properties": {name: {} for name in fields},
-            "required": [n for n, (_, d) in fields.items() if d is ...],
+            "properties": {p.name: {} for p in names},
+            "required": [p.name for p in names if p.default is inspect.Parameter.empty],
         }
     schema.pop("title", None)
-    if var_kw:
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
         schema["additionalProperties"] = True
     return schema
+
+
+def _json_bytes(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    raise TypeError(type(value).__name__)
+
+
+def _at(values: Any, loc: tuple[Any, ...]) -> Any:
+    for part in loc:
+        try:
+            values = values[part]
+        except (KeyError, IndexError, TypeError):
+            return values
+    return values

@@ -13,7 +13,8 @@ import pytest
 
 from protocol import CallRejected, ToolSpec, fingerprint, parse_call, parse_calls, strip_markup
 from protocol.grammar import EXPECTED_SHAPE, MAX_CALLS
-from protocol.spec import NO_DOC
+from protocol.grammar import parse_reply
+from protocol.spec import NO_DOC, BindError, ToolDefinitionError
 
 # -- Valid forms --------------------------------------------------------------------------------------
 
@@ -406,8 +407,8 @@ def test_spec_schema_of_var_kwargs_allows_extra_properties() -> None:
 
 def test_spec_without_docstring() -> None:
     spec = TOOLS["list_dir"]
-    assert spec.doc == NO_DOC == "No docstring provided"
-    assert spec.prompt_block() == 'list_dir(path: str = \'.\') -> list[str]\n"""\nNo docstring provided\n"""'
+    assert spec.doc == NO_DOC == ""  # the registry warns; the prompt shows the signature alone
+    assert spec.prompt_block() == "list_dir(path: str = '.') -> list[str]"
 
 
 def test_prompt_block_is_name_signature_and_docstring() -> None:
@@ -441,13 +442,75 @@ def test_spec_resolves_postponed_annotations() -> None:
     assert spec.parameters["properties"]["path"]["type"] == "string"
 
 
-def test_spec_with_an_unresolvable_annotation_falls_back() -> None:
-    def odd(x: NoSuchType) -> None:  # type: ignore[name-defined]  # noqa: F821
+def test_spec_with_an_unresolvable_annotation_is_refused_naming_tool_and_parameter() -> None:
+    def odd(a: int, b: itn) -> None:  # type: ignore[name-defined]  # noqa: F821
         """Odd."""
 
-    spec = ToolSpec.from_function(odd)
-    assert spec.signature == "(x: 'NoSuchType') -> 'None'"  # as written: nothing is resolved
-    assert spec.parameters["required"] == ["x"]
+    with pytest.raises(ToolDefinitionError, match=r"tool odd: the annotation of parameter 'b' \('itn'\) does not resolve"):
+        ToolSpec.from_function(odd)
+
+
+def test_arguments_are_checked_against_annotations_naming_the_parameter() -> None:
+    def read_notes(path: str, limit: int = 10, pair: tuple[int, int] = (0, 0)) -> str:
+        """Read notes."""
+        return path
+
+    spec = ToolSpec.from_function(read_notes)
+    with pytest.raises(BindError, match=r"read_notes\(\) argument 'path': Input should be a valid string, got 5"):
+        spec.bind([5], {})
+    with pytest.raises(BindError, match=r"argument 'limit': .*valid integer, got '10'"):
+        spec.bind(["a"], {"limit": "10"})
+    assert spec.bind(["a"], {"limit": 3, "pair": [1, 2]}) == {"path": "a", "limit": 3, "pair": [1, 2]}
+    wire = ToolSpec.model_validate(spec.model_dump())  # what the controller gets: binds by name only
+    assert wire.bind([5], {}) == {"path": 5}
+
+
+def test_fingerprints_apply_defaults() -> None:
+    def deploy(target: str, count: int = 1) -> str:
+        """Deploy."""
+        return target
+
+    spec = ToolSpec.model_validate(ToolSpec.from_function(deploy).model_dump())
+    short = parse_call('deploy("prod")')
+    long = parse_call('deploy(target="prod", count=1)')
+    assert fingerprint(short, spec) == fingerprint(long, spec)
+    assert fingerprint(short, spec) != fingerprint(parse_call('deploy("prod", 2)'), spec)
+
+
+@pytest.mark.parametrize(
+    ("text", "call"),
+    [
+        ('f("a")\n```', 'f("a")'),  # a stray closing fence after the call
+        ('f("a")`', 'f("a")'),  # a trailing backtick
+        ('```json f(1)```', "f(1)"),  # one-line fences with any language tag
+        ("```javascript f(1)```", "f(1)"),
+        ("```bash f(1)```", "f(1)"),
+        ("```sql f(1)```", "f(1)"),
+        ("<tool_call>f(1)</tool_call>", "f(1)"),
+        ("f(1)<|im_end|>", "f(1)"),
+        ("<|im_start|>assistant\nf(1)<|im_end|>", "f(1)"),
+    ],
+)
+def test_raaid_parity_markup_forms(text: str, call: str) -> None:
+    assert parse_call(text) == parse_call(call)
+
+
+def test_a_call_after_leading_prose_is_found_on_its_own_line() -> None:
+    assert parse_call('Sure!\ndone(summary="x")') == parse_call('done(summary="x")')
+    assert parse_reply("Here you go:\nf(1)")[1] == "f(1)"
+    with pytest.raises(CallRejected):
+        parse_call("Sure! I will not call anything.")
+    with pytest.raises(CallRejected, match="nested function call"):  # the allowlist still applies
+        parse_call("Sure!\nf(g(1))")
+
+
+def test_unescaped_inner_triple_quotes_are_repaired_then_checked() -> None:
+    text = 'write_file("a.py", """\ndef f():\n    """doc"""\n""")'
+    call = parse_call(text)
+    assert call.args == ["a.py", '\ndef f():\n    """doc"""\n']
+    hostile = 'write_file("a.py", """\nx\n""" + __import__("os").system("id") + """\n""")'
+    with pytest.raises(CallRejected):
+        parse_call(hostile)
 
 
 def test_spec_of_a_pydantic_hostile_parameter_name_falls_back() -> None:
