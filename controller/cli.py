@@ -154,7 +154,7 @@ def _curve_options(args: argparse.Namespace) -> dict[str, Any]:
         if args.curve_key:
             raise UserError("--curve-key needs --curve-server-key (the executor's public key file).")
         return {}
-    from executor.curve import CurveError, load_pair, load_public
+    from protocol.curve import CurveError, load_pair, load_public
 
     try:
         options: dict[str, Any] = {"curve_server_key": load_public(args.curve_server_key)}

@@ -20,6 +20,7 @@ SERVE_EPILOG = """\
 examples:
   ciayn-executor serve --tools executor.toolkits.builtin --bind ipc:///tmp/ciayn/exec.sock
   ciayn-executor serve --tools ./my_tools.py --bind tcp://127.0.0.1:5555 --workers 4 --timeout 10
+  ciayn-executor serve --tools executor.toolkits.builtin --connect tcp://127.0.0.1:5556 --workers 4
 
 Tools are plain functions marked with @executor.tool(...) or listed in the module's __all__.
 """
@@ -44,8 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
                            epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("--tools", action="append", required=True, metavar="MODULE",
                        help="dotted module name or path to a .py file holding tools (repeatable)")
-    serve.add_argument("--bind", required=True, metavar="ENDPOINT",
+    where = serve.add_mutually_exclusive_group(required=True)
+    where.add_argument("--bind", metavar="ENDPOINT",
                        help="ZeroMQ endpoint to listen on, e.g. ipc:///run/ciayn.sock or tcp://127.0.0.1:5555")
+    where.add_argument("--connect", metavar="BACKEND",
+                       help="join a pool instead: connect to a broker's backend endpoint (`ciayn-executor broker`)")
     d = Limits()
     serve.add_argument("--workers", type=_positive(int), default=1, help="worker processes (default: 1)")
     serve.add_argument("--timeout", type=_positive(float), default=d.timeout_s,
@@ -76,8 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "from `ciayn-executor keygen`)")
     serve.add_argument("--curve-clients", metavar="DIR",
                        help="CurveZMQ: accept only clients whose public key file is in DIR (needs --curve-secret)")
+    serve.add_argument("--curve-server-key", metavar="FILE",
+                       help="with --connect: the broker's public key file; --curve-secret is then this executor's "
+                       "own key pair, whose public key the broker must admit (its --curve-executors DIR)")
+    serve.add_argument("--metrics-port", metavar="[HOST:]PORT",
+                       help="serve Prometheus metrics over HTTP on this port (127.0.0.1 unless HOST is given)")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                        help="stderr log verbosity (default: info)")
+    _add_broker_parser(sub)
+    _add_status_parser(sub)
     keygen = sub.add_parser("keygen", help="write a CurveZMQ key pair (NAME.key, NAME.key_secret) into DIR",
                             description="Write a CurveZMQ key pair for an executor or a client: DIR/NAME.key is "
                             "the public key (give it to the other side), DIR/NAME.key_secret the secret one "
@@ -87,14 +98,73 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+BROKER_DESCRIPTION = """\
+Run a broker in front of a pool of executors. Controllers connect to the frontend exactly as to one
+executor (ciayn --executor FRONTEND); executors join with `ciayn-executor serve --connect BACKEND`.
+Each call goes to an executor that has the tool and a free worker, least loaded first; clients are
+served round-robin; an executor that dies or falls silent has its calls answered (or, for idempotent
+tools, re-run once elsewhere). On tcp, use CurveZMQ: --curve-secret is the broker's key pair, used on
+both sockets; --curve-clients and --curve-executors name the directories of public keys admitted on
+each.
+"""
+
+BROKER_EPILOG = """\
+examples:
+  ciayn-executor broker --frontend ipc:///run/ciayn/pool.sock --backend ipc:///run/ciayn/pool-backend.sock
+  ciayn-executor broker --frontend tcp://0.0.0.0:5555 --backend tcp://0.0.0.0:5556 \\
+      --curve-secret keys/broker.key_secret --curve-clients keys/clients --curve-executors keys/executors
+"""
+
+
+def _add_broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from protocol.timing import RECOVERY_WINDOW
+
+    broker = sub.add_parser("broker", help="front a pool of executors for many controllers",
+                            description=BROKER_DESCRIPTION, epilog=BROKER_EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    broker.add_argument("--frontend", required=True, metavar="ENDPOINT", help="endpoint controllers connect to")
+    broker.add_argument("--backend", required=True, metavar="ENDPOINT", help="endpoint executors connect to")
+    broker.add_argument("--curve-secret", metavar="FILE", help="CurveZMQ: the broker's .key_secret file")
+    broker.add_argument("--curve-clients", metavar="DIR",
+                        help="CurveZMQ: admit on the frontend only controllers whose public key is in DIR")
+    broker.add_argument("--curve-executors", metavar="DIR",
+                        help="CurveZMQ: admit on the backend only executors whose public key is in DIR")
+    broker.add_argument("--max-queue", type=_positive(int), default=65536,
+                        help="calls waiting in the broker before new ones are refused (default: 65536)")
+    broker.add_argument("--recovery-s", type=float, default=RECOVERY_WINDOW,
+                        help="after start, seconds to wait for the executors of a previous run to re-announce "
+                        "the calls they hold before sending calls elsewhere; 0 for a pool that never ran "
+                        f"(default: {RECOVERY_WINDOW:g})")
+    broker.add_argument("--metrics-port", metavar="[HOST:]PORT",
+                        help="serve Prometheus metrics over HTTP on this port (127.0.0.1 unless HOST is given)")
+    broker.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                        help="stderr log verbosity (default: info)")
+
+
+def _add_status_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    status = sub.add_parser("status", help="show what a broker or an executor is doing",
+                            description="Ask a broker (or a single executor) for its executors, tools, "
+                            "capacity, queue depth, calls served, worker restarts and per-tool latency.")
+    status.add_argument("endpoint", metavar="ENDPOINT", help="the broker's frontend, or an executor's endpoint")
+    status.add_argument("--json", action="store_true", help="print the report as JSON")
+    status.add_argument("--timeout", type=_positive(float), default=5.0,
+                        help="seconds to wait for an answer (default: 5)")
+    status.add_argument("--curve-server-key", metavar="FILE", help="CurveZMQ: the server's public key file")
+    status.add_argument("--curve-key", metavar="FILE", help="CurveZMQ: this client's .key_secret file")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=getattr(args, "log_level", "info").upper(),
                         format=f"ciayn-executor[{os.getpid()}] %(levelname)s %(message)s")
     if args.command == "serve":
         return _serve(args)
+    if args.command == "broker":
+        return _broker(args)
+    if args.command == "status":
+        return _status(args)
     if args.command == "keygen":
-        from executor.curve import CurveError, keygen
+        from protocol.curve import CurveError, keygen
 
         try:
             public, secret = keygen(args.dir, args.name)
@@ -115,6 +185,17 @@ def _serve(args: argparse.Namespace) -> int:
     if args.curve_clients and not args.curve_secret:
         print("ciayn-executor: --curve-clients needs --curve-secret (the server's own key)", file=sys.stderr)
         return 2
+    if args.connect and args.curve_clients:
+        print("ciayn-executor: --curve-clients is for --bind; with --connect the broker admits clients",
+              file=sys.stderr)
+        return 2
+    if args.curve_server_key and not args.connect:
+        print("ciayn-executor: --curve-server-key is for --connect (the broker's public key)", file=sys.stderr)
+        return 2
+    if args.connect and args.curve_secret and not args.curve_server_key:
+        print("ciayn-executor: with --connect, --curve-secret needs --curve-server-key (the broker's public key)",
+              file=sys.stderr)
+        return 2
     # File paths of tool modules are relative to where the command ran, not to --workspace (the
     # executor changes into the workspace before it imports them).
     args.tools = [os.path.abspath(t) if t.endswith(".py") or os.sep in t else t for t in args.tools]
@@ -122,7 +203,8 @@ def _serve(args: argparse.Namespace) -> int:
                     max_output_kb=args.max_output_kb, max_result_kb=args.max_result_kb,
                     processes=args.max_processes)
     supervisor = Supervisor(
-        args.tools, args.bind, limits=limits, workers=args.workers, max_queue=args.max_queue,
+        args.tools, args.connect or args.bind, connect=bool(args.connect), curve_server_key=args.curve_server_key,
+        metrics=args.metrics_port, limits=limits, workers=args.workers, max_queue=args.max_queue,
         workspace=args.workspace, parent_pid=args.parent_pid, profile=args.profile,
         use_cgroups=not args.no_cgroups, curve_secret=args.curve_secret, curve_clients=args.curve_clients,
     )
@@ -131,6 +213,42 @@ def _serve(args: argparse.Namespace) -> int:
     except StartupError as e:
         print(f"ciayn-executor: cannot start: {e}", file=sys.stderr)
         return 1
+
+
+def _broker(args: argparse.Namespace) -> int:
+    from executor.broker import Broker, BrokerError
+
+    if (args.curve_clients or args.curve_executors) and not args.curve_secret:
+        print("ciayn-executor: --curve-clients and --curve-executors need --curve-secret (the broker's own key)",
+              file=sys.stderr)
+        return 2
+    if not 0 <= args.recovery_s < 3600:
+        print(f"ciayn-executor: --recovery-s must be between 0 and 3600 seconds, got {args.recovery_s}",
+              file=sys.stderr)
+        return 2
+    broker = Broker(args.frontend, args.backend, curve_secret=args.curve_secret, curve_clients=args.curve_clients,
+                    curve_executors=args.curve_executors, max_queue=args.max_queue, recovery_s=args.recovery_s,
+                    metrics=args.metrics_port)
+    try:
+        return broker.serve()
+    except BrokerError as e:
+        print(f"ciayn-executor: cannot start the broker: {e}", file=sys.stderr)
+        return 1
+
+
+def _status(args: argparse.Namespace) -> int:
+    from executor.status import StatusError, as_json, fetch, render
+    from protocol.curve import CurveError, load_pair, load_public
+
+    try:
+        server_key = load_public(args.curve_server_key) if args.curve_server_key else None
+        keys = load_pair(args.curve_key) if args.curve_key else None
+        report = fetch(args.endpoint, timeout=args.timeout, curve_server_key=server_key, curve_keys=keys)
+    except (StatusError, CurveError) as e:
+        print(f"ciayn-executor: {e}", file=sys.stderr)
+        return 1
+    print(as_json(report) if args.json else render(report))
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The executor's side facing clients, as one small interface.
 
 An executor either binds a ROUTER that clients connect to (``RouterEndpoint``, this module) or, in a
-pool, connects to a broker. Both look the same to the supervisor: a socket to poll, messages in as
-``(route, message)`` pairs, frames out to a route. Nothing here knows about workers or the call table.
+pool, connects to a broker (``executor.link.BrokerLink``). Both look the same to the supervisor: a
+socket to poll, messages in as ``(route, message)`` pairs, frames out to a route, and ``tick`` for
+timers. Nothing here knows about workers or the call table.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class ClientSide(Protocol):
     """What the supervisor needs from the side that faces clients."""
 
     socket: zmq.Socket[bytes]
+    failed: str  # set when this side cannot go on (a broker refused the executor): the executor stops
 
     def receive(self) -> Iterator[Incoming]:
         """Messages waiting now, each with the route to answer on; a malformed one comes as the
@@ -44,6 +46,10 @@ class ClientSide(Protocol):
     def send(self, route: bytes, frames: list[bytes]) -> None: ...
 
     def describe(self) -> str: ...
+
+    def tick(self, now: float) -> float:
+        """Timers of this side (a link's heartbeats and reconnection); seconds until it is next due."""
+        ...
 
     def close(self) -> None: ...
 
@@ -57,6 +63,7 @@ class RouterEndpoint:
         self.curve_secret = curve_secret
         self.curve_clients = curve_clients
         self.auth: Any = None
+        self.failed = ""
         self.ipc_identity: tuple[int, int] | None = None
         self.check_free(endpoint)
         sock = ctx.socket(zmq.ROUTER)
@@ -64,7 +71,7 @@ class RouterEndpoint:
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         if curve_secret:
-            from executor.curve import CurveError, secure_server
+            from protocol.curve import CurveError, secure_server
 
             try:
                 self.auth = secure_server(ctx, sock, curve_secret, curve_clients)
@@ -109,6 +116,9 @@ class RouterEndpoint:
     def send(self, route: bytes, frames: list[bytes]) -> None:
         with contextlib.suppress(zmq.ZMQError):
             self.socket.send_multipart([route, *frames], zmq.NOBLOCK)
+
+    def tick(self, now: float) -> float:
+        return float("inf")  # a bound ROUTER has no timers: clients ping it
 
     def close(self) -> None:
         self.socket.close(linger=SHUTDOWN_LINGER_MS)

@@ -22,20 +22,28 @@ import zmq
 from executor.calls import CallTable, Job
 from executor.endpoint import ClientSide, EndpointError, RouterEndpoint
 from executor.limits import effective_limits
+from executor.link import BrokerLink
+from executor.metrics import CallStats, MetricsServer
 from executor.pool import StartupError, WorkerPool
 from protocol import (
     BindError,
     Call,
     Cancel,
+    ExecutorStatus,
     Hello,
     Limits,
     Ping,
     Pong,
     ProtocolError,
+    Ready,
+    Report,
     Result,
+    Status,
     Welcome,
     encode,
 )
+from protocol.curve import CurveError, load_pair, load_public
+from protocol.timing import HELD_RECENT
 
 log = logging.getLogger("ciayn-executor")
 
@@ -57,8 +65,17 @@ class Supervisor:
         use_cgroups: bool = True,
         curve_secret: str | None = None,
         curve_clients: str | None = None,
+        connect: bool = False,
+        curve_server_key: str | None = None,
+        metrics: str | None = None,
     ) -> None:
-        self.endpoint = endpoint
+        self.endpoint = endpoint  # to bind, or with ``connect`` the broker's backend to connect to
+        self.connect = connect
+        self.curve_server_key = curve_server_key
+        self.metrics_address = metrics
+        self.metrics: MetricsServer | None = None
+        self.stats = CallStats()
+        self.started = time.monotonic()
         self.limits = limits
         self.workspace = workspace
         self.parent_pid = parent_pid
@@ -81,14 +98,17 @@ class Supervisor:
         if self.workspace:
             os.environ["CIAYN_WORKSPACE"] = os.path.abspath(self.workspace)
             os.chdir(self.workspace)
-        if self.endpoint.startswith("ipc://"):
+        if self.endpoint.startswith("ipc://") and not self.connect:
             RouterEndpoint.check_free(self.endpoint)  # before the template: fail fast
         self.pool.start_template()  # before any ZeroMQ context exists
         ctx = zmq.Context()
         try:
-            self.clients = RouterEndpoint(ctx, self.endpoint, curve_secret=self.curve_secret,
-                                          curve_clients=self.curve_clients)
-        except EndpointError as e:
+            self.clients = self._open_clients(ctx)
+            if self.metrics_address:
+                self.metrics = MetricsServer(self.metrics_address)
+        except (EndpointError, CurveError, ValueError) as e:
+            if self.clients is not None:
+                self.clients.close()
             self.pool.stop_template()
             ctx.term()
             raise StartupError(str(e)) from None
@@ -116,6 +136,29 @@ class Supervisor:
             self._shutdown(ctx)
         return self.exit_code
 
+    def _open_clients(self, ctx: zmq.Context[Any]) -> ClientSide:
+        if not self.connect:
+            return RouterEndpoint(ctx, self.endpoint, curve_secret=self.curve_secret, curve_clients=self.curve_clients)
+        server_key = load_public(self.curve_server_key) if self.curve_server_key else None
+        keys = load_pair(self.curve_secret) if self.curve_secret else None
+        return BrokerLink(ctx, self.endpoint, announce=self._ready, curve_server_key=server_key, curve_keys=keys)
+
+    def _ready(self) -> Ready:
+        """What a linked executor announces to the broker on every (re)connection."""
+        held = list(self.calls.jobs) + list(self.calls.cache)[-HELD_RECENT:]
+        return Ready(executor=self.executor_id, incarnation=self.incarnation, tools=list(self.pool.specs.values()),
+                     limits=self.limits, capacity=len(self.pool.slots), profile=self.profile, held=held)
+
+    def report(self, now: float) -> Report:
+        """The answer to ``status`` (and what ``--metrics-port`` exports)."""
+        me = ExecutorStatus(executor=self.executor_id, incarnation=self.incarnation, tools=sorted(self.pool.specs),
+                            capacity=len(self.pool.slots), busy=self.pool.busy(), queued=len(self.calls.queue),
+                            served=self.stats.served, worker_restarts=self.stats.worker_restarts)
+        return Report(role="executor", id=self.executor_id, incarnation=self.incarnation,
+                      uptime_s=round(now - self.started, 3), capacity=me.capacity, busy=me.busy, queued=me.queued,
+                      served=me.served, worker_restarts=me.worker_restarts, executors=[me],
+                      tools=self.stats.tool_stats())
+
     def _watch_parent(self) -> int | None:
         if not self.parent_pid:
             return None
@@ -134,6 +177,8 @@ class Supervisor:
         self.pool.stop()
         if self.clients is not None:
             self.clients.close()
+        if self.metrics is not None:
+            self.metrics.close()
         ctx.term()
 
     # ---------------------------------------------------------------- the loop
@@ -145,7 +190,14 @@ class Supervisor:
             # Right after handing a call to a worker, poll without sleeping for a moment: a quick
             # call's reply is then read without the cost of waking this process up again.
             now = time.monotonic()
-            wait_ms = 0 if self.pool.spinning(now) else max(0, int(self.pool.timeout_s(now) * 1000) + 1)
+            due = min(self.pool.timeout_s(now), self.clients.tick(now))
+            if self.clients.failed:
+                self.stopping, self.exit_code = True, 1
+                break
+            if self.metrics is not None and self.metrics.due(now):
+                self.metrics.publish(self.report(now), now)
+                due = min(due, 1.0)
+            wait_ms = 0 if self.pool.spinning(now) else max(0, int(due * 1000) + 1)
             events = dict(poller.poll(wait_ms))
             now = time.monotonic()
             if wake_r in events:
@@ -181,6 +233,8 @@ class Supervisor:
                                           workers=len(self.pool.slots), profile=self.profile))
             elif isinstance(msg, Cancel):
                 self._on_cancel(msg.id)
+            elif isinstance(msg, Status):
+                self._send(route, self.report(time.monotonic()))
             else:
                 self._send(route, Result.failure("", "protocol", f"an executor does not accept {msg.KIND} messages"))
 
@@ -256,5 +310,6 @@ class Supervisor:
         status = "ok" if result.ok else f"{result.error.kind if result.error else '?'}"
         wall = f" {result.stats.wall_s * 1000:.1f}ms" if result.stats else ""
         log.info("call %s %s: %s%s", job.call_id, job.call.tool, status, wall)
+        self.stats.observe(job.call.tool, result, result.stats.wall_s if result.stats else 0.0)
         for route in job.waiters:
             self._send(route, frames)

@@ -160,12 +160,16 @@ class Cancel(Body):
 
 
 class Ready(Body):
+    """Executor -> broker, first on every (re)connection: what it serves and the calls it holds."""
+
     KIND: ClassVar[str] = "ready"
     executor: str
     incarnation: int
     tools: list[ToolSpec]
     limits: Limits
-    capacity: int = 1
+    capacity: int = Field(default=1, ge=1, le=4096)  # calls it runs at once (its workers)
+    profile: str = "default"
+    held: list[str] = Field(default_factory=list, max_length=65536)  # ids queued, running or answered lately
 
 
 class Heartbeat(Body):
@@ -174,9 +178,65 @@ class Heartbeat(Body):
 
 
 class Bye(Body):
+    """Executor -> broker: leaving. Broker -> executor: ``refused`` (it may not join, ``reason`` says
+    why), or else "announce yourself again" (the broker does not know it, e.g. after a restart)."""
+
     KIND: ClassVar[str] = "bye"
     executor: str = ""
     reason: str = ""
+    refused: bool = False
+
+
+# Status: any client -> executor or broker.
+
+
+class Status(Body):
+    KIND: ClassVar[str] = "status"
+
+
+class ToolStats(Body):
+    """Calls of one tool answered so far. ``buckets`` counts calls by wall time, cumulative, one per
+    bound of ``LATENCY_BUCKETS`` (the last, +Inf, equals ``calls``)."""
+
+    name: str
+    calls: int = 0
+    errors: int = 0
+    wall_s_sum: float = 0.0
+    buckets: list[int] = Field(default_factory=list, max_length=64)
+
+
+LATENCY_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                                      10.0, 30.0, 60.0, float("inf"))
+
+
+class ExecutorStatus(Body):
+    executor: str
+    incarnation: int = 0
+    tools: list[str] = Field(default_factory=list)
+    capacity: int = 0
+    busy: int = 0
+    queued: int = 0
+    served: int = 0
+    worker_restarts: int = 0
+    idle_s: float = 0.0  # seconds since the broker last heard from it
+
+
+class Report(Body):
+    """The answer to ``status``: a single executor reports itself in ``executors``; a broker reports
+    every executor connected to it and the pool's totals."""
+
+    KIND: ClassVar[str] = "report"
+    role: Literal["executor", "broker"]
+    id: str
+    incarnation: int = 0
+    uptime_s: float = 0.0
+    capacity: int = 0
+    busy: int = 0
+    queued: int = 0
+    served: int = 0
+    worker_restarts: int = 0
+    executors: list[ExecutorStatus] = Field(default_factory=list)
+    tools: list[ToolStats] = Field(default_factory=list)
 
 
 MESSAGE_TYPES: tuple[type[Body], ...] = (
@@ -190,6 +250,8 @@ MESSAGE_TYPES: tuple[type[Body], ...] = (
     Ready,
     Heartbeat,
     Bye,
+    Status,
+    Report,
 )
-Message = Call | Result | Hello | Welcome | Ping | Pong | Cancel | Ready | Heartbeat | Bye
+Message = Call | Result | Hello | Welcome | Ping | Pong | Cancel | Ready | Heartbeat | Bye | Status | Report
 BY_KIND: dict[str, type[Body]] = {m.KIND: m for m in MESSAGE_TYPES}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from controller import ExecutorClient, ExecutorUnavailable
-from executor.curve import CurveError, keygen, load_pair, load_public
+from protocol.curve import CurveError, keygen, load_pair, load_public
 from protocol import Call
 from tests.conftest import FAULTY
 

@@ -1,11 +1,16 @@
-"""CurveZMQ for executors on tcp: key files and the server side of the handshake.
+"""CurveZMQ on tcp: key files and the server side of the handshake, for executors and brokers.
 
 ``ciayn-executor keygen DIR NAME`` writes ``DIR/NAME.key`` (public, give it to the other side) and
 ``DIR/NAME.key_secret`` (keep it private, mode 0600), in ZeroMQ's certificate format. An executor
 started with ``--curve-secret server.key_secret`` encrypts every connection; with
 ``--curve-clients DIR`` as well, only clients whose public key file is in ``DIR`` may connect.
 Clients pass the server's public key (``ExecutorClient(curve_server_key=...)``, ``ciayn
---curve-server-key FILE``) and, for an authenticated executor, their own key pair.
+--curve-server-key FILE``) and, for an authenticated executor, their own key pair. A broker is a
+server twice (for controllers and for executors), each socket in its own ZeroMQ context, since one
+context has one authenticator and one policy.
+
+It lives in ``protocol`` because both sides load keys; ``import protocol`` does not import it (nor
+ZeroMQ).
 """
 
 from __future__ import annotations
@@ -75,3 +80,12 @@ def secure_server(ctx: zmq.Context[Any], sock: zmq.Socket[Any], secret_file: str
     sock.curve_publickey = public
     sock.curve_server = True
     return auth
+
+
+def secure_client(sock: zmq.Socket[Any], server_public: bytes, keys: tuple[bytes, bytes] | None = None) -> None:
+    """Make ``sock`` a CURVE client of the server with public key ``server_public``, with the key
+    pair ``keys`` (public, secret), or a throwaway pair for a server that admits any client key."""
+    public, secret = keys or zmq.curve_keypair()
+    sock.curve_serverkey = server_public
+    sock.curve_publickey = public
+    sock.curve_secretkey = secret

@@ -1,0 +1,745 @@
+"""The broker: one endpoint in front of a pool of executors, for many controllers.
+
+Controllers connect to the *frontend* ROUTER with the same ``ExecutorClient`` they use for one
+executor, and the broker answers like one: ``hello`` with the pool's tools, ``ping`` with the pool's
+load, ``status`` with every executor's. Executors (``ciayn-executor serve --connect``) connect a
+DEALER to the *backend* ROUTER, announce themselves with ``ready`` (tools, limits, capacity, the call
+ids they hold), and exchange heartbeats with the broker (``protocol.timing``).
+
+Routing: a call goes to an executor that has its tool and a free worker, least loaded first; the
+broker never sends an executor more calls than it has workers, so calls wait here, in one queue per
+client, served round-robin (a client flooding calls cannot starve another). Two executors that
+advertise the same tool name with different specs cannot both serve it: the second is refused.
+
+Failures: an executor that says ``bye``, falls silent for ``PEER_EXPIRY`` or comes back as a new
+incarnation loses its calls in flight; each is answered (``crashed`` when the executor went away,
+``unavailable`` when it fell silent, saying the call may have run), except calls of ``idempotent``
+tools, which run once more on another executor.
+
+At most once, across a broker restart: the broker's incarnation names the pool, not the process
+(it is derived from the frontend endpoint), so clients resend their calls in flight under the same
+ids rather than give up on them; executors re-announce with the ids they hold, a resent id goes back
+to the executor that has it (which answers from its cache or joins the running call), and for
+``RECOVERY_WINDOW`` after start the broker sends no call elsewhere, so that every executor of the
+previous run has announced what it holds first. The broker keeps its own cache of recent results
+too, so a duplicate is usually answered without asking an executor.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import logging
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import zmq
+
+from executor.metrics import CallStats, MetricsServer
+from protocol import (
+    MAX_FRAME_BYTES,
+    BindError,
+    Bye,
+    Call,
+    Cancel,
+    ExecutorStatus,
+    Heartbeat,
+    Hello,
+    Limits,
+    Ping,
+    Pong,
+    ProtocolError,
+    Ready,
+    Report,
+    Result,
+    Status,
+    ToolSpec,
+    Welcome,
+    decode,
+    encode,
+)
+from protocol.timing import HEARTBEAT_INTERVAL, PEER_EXPIRY, RECOVERY_WINDOW
+
+log = logging.getLogger("ciayn-broker")
+
+RECV_BATCH = 1000  # messages taken from one socket per wake-up
+HELLO_WAIT = 10.0  # a `hello` before any executor joined waits this long for one
+RUNNING_GRACE = 10.0  # an executor silent about a call this long past its timeout: answered here
+LOCATION_TTL = 120.0  # how long an announced held id routes a resent call to its executor
+MAX_LOCATIONS = 262_144
+SCAN_DEPTH = 64  # calls looked at in one client's queue for one that some free executor can take
+RESULT_CACHE_SIZE = 8192  # recent results kept to answer resent ids...
+RESULT_CACHE_BYTES = 128 * 1024 * 1024  # ...and at most this many encoded bytes of them
+SHUTDOWN_LINGER_MS = 500
+
+
+class BrokerError(Exception):
+    """The broker cannot start (endpoint in use, bad keys)."""
+
+
+@dataclass
+class Job:
+    """A call the broker accepted and has not answered yet."""
+
+    call: Call
+    frames: list[bytes]  # the call as the client encoded it: forwarded as is
+    client: bytes  # the route it came from: its fair-queue key
+    waiters: list[bytes]
+    spec: ToolSpec | None  # None while the broker is recovering and no executor announced the tool
+    timeout: float
+    queued_at: float
+    member: Member | None = None
+    sent_at: float = 0.0
+    tried: list[str] = field(default_factory=list)  # executors it was sent to
+
+
+@dataclass
+class Member:
+    """An executor connected to the backend."""
+
+    route: bytes
+    ready: Ready
+    last_heard: float
+    running: dict[str, Job] = field(default_factory=dict)
+    stats: CallStats = field(default_factory=CallStats)
+    tool_names: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        self.tool_names = frozenset(t.name for t in self.ready.tools)
+
+    @property
+    def id(self) -> str:
+        return self.ready.executor
+
+    @property
+    def free(self) -> int:
+        return self.ready.capacity - len(self.running)
+
+
+class Broker:
+    def __init__(
+        self,
+        frontend: str,
+        backend: str,
+        *,
+        curve_secret: str | None = None,
+        curve_clients: str | None = None,
+        curve_executors: str | None = None,
+        max_queue: int = 65536,
+        max_queue_per_client: int = 16384,
+        recovery_s: float = RECOVERY_WINDOW,
+        metrics: str | None = None,
+    ) -> None:
+        self.frontend_endpoint = frontend
+        self.backend_endpoint = backend
+        self.curve_secret = curve_secret
+        self.curve_clients = curve_clients
+        self.curve_executors = curve_executors
+        self.max_queue = max_queue
+        self.max_queue_per_client = max_queue_per_client
+        self.recovery_s = recovery_s
+        self.metrics_address = metrics
+        self.broker_id = "broker-" + uuid.uuid4().hex[:8]
+        digest = hashlib.sha256(frontend.encode()).digest()
+        self.incarnation = int.from_bytes(digest[:6], "big")  # the pool's, stable across restarts
+        self.started = time.monotonic()
+        self.recovering = recovery_s > 0
+        self.members: dict[bytes, Member] = {}
+        self.specs: dict[str, ToolSpec] = {}  # the one spec of each tool name in the pool
+        self.jobs: dict[str, Job] = {}
+        self.queues: collections.OrderedDict[bytes, collections.deque[Job]] = collections.OrderedDict()
+        self.queued = 0
+        self.cache: collections.OrderedDict[str, list[bytes]] = collections.OrderedDict()
+        self.cache_bytes = 0
+        self.locations: collections.OrderedDict[str, tuple[str, float]] = collections.OrderedDict()
+        self.hellos: list[tuple[bytes, float]] = []  # waiting for the first executor
+        self.stats = CallStats()
+        self.stopping = False
+        self.next_heartbeat = 0.0
+        self.next_sweep = 0.0
+        self.metrics: MetricsServer | None = None
+
+    # ---------------------------------------------------------------- sockets
+
+    def _open(self) -> None:
+        """Each socket in its own context: a context has one ZAP authenticator with one policy, and
+        the frontend admits controllers' keys while the backend admits executors' keys."""
+        self.contexts: list[zmq.Context[Any]] = []
+        self.auths: list[Any] = []
+        self.frontend = self._bind(self.frontend_endpoint, self.curve_clients, "frontend")
+        self.backend = self._bind(self.backend_endpoint, self.curve_executors, "backend")
+        self.backend.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a call to a vanished executor fails here
+
+    def _bind(self, endpoint: str, allowed_dir: str | None, which: str) -> zmq.Socket[bytes]:
+        ctx: zmq.Context[Any] = zmq.Context()
+        self.contexts.append(ctx)
+        sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, SHUTDOWN_LINGER_MS)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        sock.setsockopt(zmq.SNDHWM, 0)  # replies are bounded by the calls we accepted
+        sock.setsockopt(zmq.RCVHWM, 0)
+        if self.curve_secret:
+            from protocol.curve import CurveError, secure_server
+
+            try:
+                self.auths.append(secure_server(ctx, sock, self.curve_secret, allowed_dir))
+            except CurveError as e:
+                sock.close(0)
+                raise BrokerError(str(e)) from None
+        elif allowed_dir:
+            sock.close(0)
+            raise BrokerError(f"a {which} key directory needs --curve-secret (the broker's own key)")
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as e:
+            sock.close(0)
+            raise BrokerError(f"cannot bind the {which} {endpoint}: {e}") from None
+        if endpoint.startswith("tcp://") and not self.curve_secret and not _loopback(endpoint):
+            log.warning("the %s %s has no CurveZMQ: anyone who can reach it can %s; use --curve-secret",
+                        which, endpoint, "run tools" if which == "frontend" else "pose as an executor")
+        return sock
+
+    def close(self) -> None:
+        for sock in (getattr(self, "frontend", None), getattr(self, "backend", None)):
+            if sock is not None:
+                sock.close(linger=SHUTDOWN_LINGER_MS)
+        for auth in getattr(self, "auths", []):
+            auth.stop()
+        for ctx in getattr(self, "contexts", []):
+            ctx.term()
+        if self.metrics is not None:
+            self.metrics.close()
+
+    # ---------------------------------------------------------------- the loop
+
+    def serve(self) -> int:
+        self._open()
+        if self.metrics_address:
+            try:
+                self.metrics = MetricsServer(self.metrics_address)
+            except ValueError as e:
+                self.close()
+                raise BrokerError(str(e)) from None
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        poller = zmq.Poller()
+        poller.register(self.frontend, zmq.POLLIN)
+        poller.register(self.backend, zmq.POLLIN)
+        poller.register(wake_r, zmq.POLLIN)
+        log.info("broker %s: clients on %s, executors on %s (curve: %s; recovering for %.1f s)",
+                 self.broker_id, self.frontend_endpoint, self.backend_endpoint,
+                 "on" if self.curve_secret else "off", self.recovery_s)
+        try:
+            while not self.stopping:
+                events = dict(poller.poll(self._poll_ms()))
+                if wake_r in events:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wake_r, 4096)
+                if self.backend in events:
+                    self._on_backend()
+                if self.frontend in events:
+                    self._on_frontend()
+                self._tick(time.monotonic())
+        finally:
+            log.info("broker stopping")
+            for route, _member in list(self.members.items()):
+                self._send_backend(route, Bye(reason="the broker is stopping"))
+            self.close()
+            os.close(wake_r)
+            os.close(wake_w)
+        return 0
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.stopping = True
+
+    def _poll_ms(self) -> int:
+        now = time.monotonic()
+        wait = min(self.next_heartbeat, self.next_sweep) - now
+        return max(0, int(wait * 1000) + 1)
+
+    def _tick(self, now: float) -> None:
+        if now >= self.next_heartbeat:
+            self.next_heartbeat = now + HEARTBEAT_INTERVAL
+            beat = encode(Heartbeat(executor=self.broker_id))
+            for route in list(self.members):
+                self._send_frames_backend(route, beat)
+        if now < self.next_sweep:
+            return
+        self.next_sweep = now + min(HEARTBEAT_INTERVAL, 0.25)
+        if self.recovering and now - self.started >= self.recovery_s:
+            self._end_recovery()
+        for member in list(self.members.values()):
+            if now - member.last_heard > PEER_EXPIRY:
+                self._drop(member, "unavailable", f"fell silent for {now - member.last_heard:.1f} s")
+        self._expire_queued(now)
+        self._expire_running(now)
+        self._answer_hellos(now)
+        while self.locations and next(iter(self.locations.values()))[1] < now:
+            self.locations.popitem(last=False)
+        if self.metrics is not None and self.metrics.due(now):
+            self.metrics.publish(self.report(now), now)
+
+    def _end_recovery(self) -> None:
+        self.recovering = False
+        log.info("recovery window over: %d executors, %d tools", len(self.members), len(self.specs))
+        self._adopt_specs(final=True)
+        self._dispatch()
+
+    def _adopt_specs(self, final: bool) -> None:
+        """Queued calls whose tool no executor had announced (while recovering, or while the pool was
+        empty) are checked once it is known; when ``final``, an unknown tool is ``unknown_tool``."""
+        for q in list(self.queues.values()):
+            for job in [j for j in q if j.spec is None]:
+                self._resolve_spec(job, final)
+
+    # ---------------------------------------------------------------- clients
+
+    def _on_frontend(self) -> None:
+        for _ in range(RECV_BATCH):
+            try:
+                frames = self.frontend.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(frames) < 2:
+                continue
+            route, body = frames[0], frames[1:]
+            try:
+                msg = decode(body)
+            except ProtocolError as e:
+                log.warning("protocol error from client %s: %s", route.hex()[:8], e)
+                self._send_frontend(route, e.result())
+                continue
+            if isinstance(msg, Call):
+                self._on_call(route, msg, body)
+            elif isinstance(msg, Ping):
+                busy = sum(len(m.running) for m in self.members.values())
+                self._send_frontend(route, Pong(nonce=msg.nonce, executor=self.broker_id,
+                                                incarnation=self.incarnation, busy=busy, queued=self.queued))
+            elif isinstance(msg, Hello):
+                if self.members and not self.recovering:
+                    self._send_frontend(route, self.welcome())
+                else:
+                    self.hellos.append((route, time.monotonic() + HELLO_WAIT))
+            elif isinstance(msg, Cancel):
+                self._on_cancel(msg.id)
+            elif isinstance(msg, Status):
+                self._send_frontend(route, self.report(time.monotonic()))
+            else:
+                self._send_frontend(route, Result.failure("", "protocol", f"a broker's frontend does not accept "
+                                                          f"{msg.KIND} messages"))
+        self._dispatch()
+
+    def welcome(self) -> Welcome:
+        """The pool as one executor: every tool, the longest default timeout, all the workers."""
+        members = list(self.members.values())
+        limits = max((m.ready.limits for m in members), key=lambda lim: lim.timeout_s, default=Limits())
+        profiles = {m.ready.profile for m in members}
+        return Welcome(executor=self.broker_id, incarnation=self.incarnation,
+                       tools=[self.specs[n] for n in sorted(self.specs)], limits=limits,
+                       workers=sum(m.ready.capacity for m in members),
+                       profile=profiles.pop() if len(profiles) == 1 else "mixed" if profiles else "default")
+
+    def _answer_hellos(self, now: float) -> None:
+        if not self.hellos:
+            return
+        ready = bool(self.members) and not self.recovering
+        waiting = []
+        for route, deadline in self.hellos:
+            if ready or now >= deadline:
+                self._send_frontend(route, self.welcome())
+            else:
+                waiting.append((route, deadline))
+        self.hellos = waiting
+
+    def _on_call(self, route: bytes, call: Call, frames: list[bytes]) -> None:
+        cid = call.id
+        if not cid:
+            self._send_frontend(route, Result.failure("", "protocol", "a call must carry an id"))
+            return
+        cached = self.cache.get(cid)
+        if cached is not None:
+            self._send_frames_frontend(route, cached)
+            return
+        job = self.jobs.get(cid)
+        if job is not None:
+            if route not in job.waiters:
+                job.waiters.append(route)
+            return
+        now = time.monotonic()
+        spec = self.specs.get(call.tool)
+        if spec is not None:
+            try:
+                spec.bind(call.args, call.kwargs)
+            except BindError as e:
+                self._answer_now(route, Result.failure(cid, "bad_arguments",
+                                                       f"{e}; signature: {spec.name}{spec.signature}"))
+                return
+        elif self.members and not self.recovering:
+            names = ", ".join(sorted(self.specs))
+            self._answer_now(route, Result.failure(cid, "unknown_tool",
+                                                   f"no tool named {call.tool!r} in the pool; available: {names}"))
+            return
+        q = self.queues.get(route)
+        if self.queued >= self.max_queue or (q is not None and len(q) >= self.max_queue_per_client):
+            self._answer_now(route, Result.failure(cid, "unavailable", "the broker's queue is full "
+                                                   f"({self.queued} calls); the call did not run"))
+            return
+        job = Job(call=call, frames=frames, client=route, waiters=[route], spec=spec,
+                  timeout=self._timeout(call, spec), queued_at=now)
+        self.jobs[cid] = job
+        held_by = self.locations.pop(cid, None)
+        member = self._member_by_id(held_by[0]) if held_by else None
+        if member is not None:
+            self._send_job(job, member)  # it holds this id: it answers from its cache or joins the call
+            return
+        if q is None:  # a client with nothing waiting goes first: it has not been served lately
+            q = self.queues[route] = collections.deque()
+            self.queues.move_to_end(route, last=False)
+        q.append(job)
+        self.queued += 1
+
+    def _timeout(self, call: Call, spec: ToolSpec | None) -> float:
+        for t in (call.timeout, spec.timeout if spec else None):
+            if t is not None and 0 < t < float("inf"):
+                return t
+        return self.welcome_timeout()
+
+    def welcome_timeout(self) -> float:
+        return max((m.ready.limits.timeout_s for m in self.members.values()), default=Limits().timeout_s)
+
+    def _resolve_spec(self, job: Job, final: bool) -> None:
+        spec = self.specs.get(job.call.tool)
+        if spec is None:
+            if final and self.members:
+                names = ", ".join(sorted(self.specs))
+                self._unqueue(job)
+                self._finish(job, Result.failure(job.call.id or "", "unknown_tool",
+                                                 f"no tool named {job.call.tool!r} in the pool; available: {names}"))
+            return
+        try:
+            spec.bind(job.call.args, job.call.kwargs)
+        except BindError as e:
+            self._unqueue(job)
+            self._finish(job, Result.failure(job.call.id or "", "bad_arguments",
+                                             f"{e}; signature: {spec.name}{spec.signature}"))
+            return
+        job.spec = spec
+        job.timeout = self._timeout(job.call, spec)
+
+    def _on_cancel(self, cid: str) -> None:
+        job = self.jobs.get(cid)
+        if job is None:
+            return
+        if job.member is None:
+            self._unqueue(job)
+            self._finish(job, Result.failure(cid, "cancelled", "the call was cancelled before it ran"))
+        else:
+            self._send_backend(job.member.route, Cancel(id=cid))
+
+    # ---------------------------------------------------------------- routing
+
+    def _dispatch(self) -> None:
+        """Round-robin over clients: each turn, the next client with a call some free executor can
+        take sends one; a client that sent one goes to the back of the line."""
+        if not self.queued or not any(m.free > 0 for m in self.members.values()):
+            return
+        moved = True
+        while moved and self.queued:
+            moved = False
+            for route in list(self.queues):
+                q = self.queues[route]
+                for i, job in enumerate(q):
+                    if i >= SCAN_DEPTH:
+                        break
+                    member = self._pick(job)
+                    if member is None:
+                        continue
+                    del q[i]
+                    self.queued -= 1
+                    if q:
+                        self.queues.move_to_end(route)
+                    else:
+                        del self.queues[route]
+                    self._send_job(job, member)
+                    moved = True
+                    break
+                if not any(m.free > 0 for m in self.members.values()):
+                    return
+
+    def _pick(self, job: Job) -> Member | None:
+        """The least loaded executor with the tool, a free worker, and that did not try this call."""
+        if job.spec is None or self.recovering:
+            return None
+        best: Member | None = None
+        for m in self.members.values():
+            if m.free <= 0 or m.id in job.tried or job.spec.name not in m.tool_names:
+                continue
+            if best is None or len(m.running) * best.ready.capacity < len(best.running) * m.ready.capacity:
+                best = m
+        return best
+
+    def _send_job(self, job: Job, member: Member) -> None:
+        job.member = member
+        job.sent_at = time.monotonic()
+        if member.id not in job.tried:
+            job.tried.append(member.id)
+        member.running[job.call.id or ""] = job
+        if not self._send_frames_backend(member.route, job.frames):
+            self._drop(member, "crashed", "could not be reached")
+
+    def _unqueue(self, job: Job) -> None:
+        q = self.queues.get(job.client)
+        if q is None:
+            return
+        with contextlib.suppress(ValueError):
+            q.remove(job)
+            self.queued -= 1
+        if not q:
+            del self.queues[job.client]
+
+    def _expire_queued(self, now: float) -> None:
+        """A call that waited in the queue for its whole timeout is answered: it did not run."""
+        for route in list(self.queues):
+            for job in [j for j in self.queues[route] if now - j.queued_at > j.timeout]:
+                self._unqueue(job)
+                why = (f"no executor with the tool {job.call.tool!r} had a free worker"
+                       if self.members else "no executor is connected to the broker")
+                self._finish(job, Result.failure(job.call.id or "", "unavailable",
+                                                 f"{why} for {job.timeout:g} s; the call did not run"))
+
+    def _expire_running(self, now: float) -> None:
+        for member in list(self.members.values()):
+            for cid, job in list(member.running.items()):
+                if now - job.sent_at > job.timeout + RUNNING_GRACE:
+                    del member.running[cid]
+                    self._finish(job, Result.failure(cid, "unavailable", f"executor {member.id} did not answer "
+                                                     f"within the call's timeout plus {RUNNING_GRACE:g} s; the "
+                                                     "call may have run"))
+
+    # ---------------------------------------------------------------- executors
+
+    def _on_backend(self) -> None:
+        for _ in range(RECV_BATCH):
+            try:
+                frames = self.backend.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if len(frames) < 2:
+                continue
+            route, body = frames[0], frames[1:]
+            member = self.members.get(route)
+            if member is not None:
+                member.last_heard = time.monotonic()
+            try:
+                msg = decode(body)
+            except ProtocolError as e:
+                log.warning("protocol error from executor %s: %s", member.id if member else route.hex()[:8], e)
+                continue
+            if isinstance(msg, Result):
+                self._on_result(route, member, msg, body)
+            elif isinstance(msg, Ready):
+                self._on_ready(route, msg)
+            elif isinstance(msg, Heartbeat):
+                if member is None:  # we restarted, or dropped it: it must announce itself again
+                    self._send_backend(route, Bye(reason="unknown executor; announce again"))
+            elif isinstance(msg, Bye):
+                if member is not None:
+                    self._drop(member, "crashed", f"left ({msg.reason or 'no reason given'})")
+            else:
+                log.warning("executor %s sent a %s message; ignored", member.id if member else "?", msg.KIND)
+        self._dispatch()
+
+    def _on_ready(self, route: bytes, ready: Ready) -> None:
+        now = time.monotonic()
+        previous = self._member_by_id(ready.executor)
+        conflict = self._conflict(ready, previous)
+        if conflict:
+            log.error("refused executor %s: %s", ready.executor, conflict)
+            self._send_backend(route, Bye(reason=conflict, refused=True))
+            return
+        member = Member(route=route, ready=ready, last_heard=now)
+        if previous is not None:
+            del self.members[previous.route]
+            if previous.ready.incarnation == ready.incarnation:
+                member.running, member.stats = previous.running, previous.stats  # same process, new socket
+                for job in member.running.values():
+                    job.member = member
+            else:
+                self.members[previous.route] = previous  # so that _drop finds it
+                self._drop(previous, "crashed", f"restarted (incarnation {ready.incarnation})")
+        old = self.members.pop(route, None)
+        if old is not None and old.id != ready.executor:
+            self._drop_silently_replaced(old)
+        self.members[route] = member
+        for name, spec in ((t.name, t) for t in ready.tools):
+            self.specs.setdefault(name, spec)
+        for cid in ready.held:
+            self.locations[cid] = (ready.executor, now + LOCATION_TTL)
+            self.locations.move_to_end(cid)
+        while len(self.locations) > MAX_LOCATIONS:
+            self.locations.popitem(last=False)
+        self._resend_held(member)
+        self._adopt_specs(final=not self.recovering)
+        log.info("executor %s joined: %d tools, capacity %d, holding %d calls", ready.executor, len(ready.tools),
+                 ready.capacity, len(ready.held))
+        self._answer_hellos(now)
+
+    def _drop_silently_replaced(self, old: Member) -> None:
+        self.members[old.route] = old
+        self._drop(old, "crashed", "was replaced on its connection by another executor")
+
+    def _resend_held(self, member: Member) -> None:
+        """Queued calls (resent by clients while we recovered) that this executor holds go to it."""
+        for q in list(self.queues.values()):
+            for job in [j for j in q if self.locations.get(j.call.id or "", ("",))[0] == member.id]:
+                self._unqueue(job)
+                self.locations.pop(job.call.id or "", None)
+                self._send_job(job, member)
+
+    def _conflict(self, ready: Ready, previous: Member | None) -> str:
+        others = [m for m in self.members.values() if m is not previous]
+        for spec in ready.tools:
+            owner = next((m for m in others if spec.name in m.tool_names), None)
+            if owner is not None and owner.ready.tools and _spec_of(owner, spec.name) != spec:
+                return (f"its tool {spec.name!r} differs from the one executor {owner.id} serves "
+                        "(signature, documentation or flags); one pool serves one version of each tool")
+        return ""
+
+    def _member_by_id(self, executor: str) -> Member | None:
+        return next((m for m in self.members.values() if m.id == executor), None)
+
+    def _on_result(self, route: bytes, member: Member | None, result: Result, frames: list[bytes]) -> None:
+        cid = result.id
+        job = self.jobs.get(cid)
+        if member is None:
+            # A result from an executor we do not know: sent to our previous run (we restarted). It
+            # answers a client that resent the id, if one did; otherwise it waits in the cache.
+            self._send_backend(route, Bye(reason="unknown executor; announce again"))
+            if job is not None and job.member is None:
+                self._unqueue(job)
+                self._finish(job, result, frames)
+            elif job is None:
+                self._remember(cid, frames)
+            return
+        if job is None or job.member is not member:
+            log.debug("executor %s answered call %s, which it was not running; ignored", member.id, cid)
+            return
+        del member.running[cid]
+        wall = result.stats.wall_s if result.stats else time.monotonic() - job.sent_at
+        member.stats.observe(job.call.tool, result, wall)
+        self._finish(job, result, frames)
+
+    def _drop(self, member: Member, kind: Literal["crashed", "unavailable"], why: str) -> None:
+        """An executor is gone: re-run its idempotent calls elsewhere (once), answer the others."""
+        self.members.pop(member.route, None)
+        log.warning("executor %s %s; %d calls in flight", member.id, why, len(member.running))
+        for cid, job in member.running.items():
+            job.member = None
+            if job.spec is not None and job.spec.idempotent and len(job.tried) < 2:
+                q = self.queues.setdefault(job.client, collections.deque())
+                q.appendleft(job)
+                self.queued += 1
+                log.info("call %s %s: idempotent, re-run on another executor", cid, job.call.tool)
+                continue
+            self._finish(job, Result.failure(cid, kind,
+                                             f"executor {member.id} {why} while running the call; the call "
+                                             "may have run"))
+        member.running = {}
+        self._forget_orphan_specs()
+        self._dispatch()
+
+    def _forget_orphan_specs(self) -> None:
+        """A tool no executor serves any more may come back in another version."""
+        served = {name for m in self.members.values() for name in m.tool_names}
+        for name in [n for n in self.specs if n not in served]:
+            del self.specs[name]
+
+    # ---------------------------------------------------------------- answers
+
+    def _finish(self, job: Job, result: Result, frames: list[bytes] | None = None) -> None:
+        cid = job.call.id or ""
+        self.jobs.pop(cid, None)
+        if frames is None:
+            frames = _encode(result)
+        if job.spec is not None:
+            self.stats.observe(job.call.tool, result, time.monotonic() - job.queued_at)
+        else:
+            self.stats.served += 1
+        self._remember(cid, frames)
+        for route in job.waiters:
+            self._send_frames_frontend(route, frames)
+
+    def _answer_now(self, route: bytes, result: Result) -> None:
+        result.executor = self.broker_id
+        frames = _encode(result)
+        self._remember(result.id, frames)
+        self._send_frames_frontend(route, frames)
+
+    def _remember(self, cid: str, frames: list[bytes]) -> None:
+        if not cid:
+            return
+        replaced = self.cache.pop(cid, None)
+        if replaced is not None:
+            self.cache_bytes -= sum(len(f) for f in replaced)
+        self.cache[cid] = frames
+        self.cache_bytes += sum(len(f) for f in frames)
+        while len(self.cache) > RESULT_CACHE_SIZE or self.cache_bytes > RESULT_CACHE_BYTES:
+            _, dropped = self.cache.popitem(last=False)
+            self.cache_bytes -= sum(len(f) for f in dropped)
+
+    def _send_frontend(self, route: bytes, msg: Any) -> None:
+        self._send_frames_frontend(route, _encode(msg))
+
+    def _send_frames_frontend(self, route: bytes, frames: list[bytes]) -> None:
+        with contextlib.suppress(zmq.ZMQError):  # a client that went away: its answer is in the cache
+            self.frontend.send_multipart([route, *frames], zmq.NOBLOCK)
+
+    def _send_backend(self, route: bytes, msg: Any) -> bool:
+        return self._send_frames_backend(route, _encode(msg))
+
+    def _send_frames_backend(self, route: bytes, frames: list[bytes]) -> bool:
+        try:
+            self.backend.send_multipart([route, *frames], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return False
+        return True
+
+    # ---------------------------------------------------------------- status
+
+    def report(self, now: float) -> Report:
+        executors = []
+        for m in self.members.values():
+            executors.append(ExecutorStatus(
+                executor=m.id, incarnation=m.ready.incarnation, tools=sorted(m.tool_names),
+                capacity=m.ready.capacity, busy=len(m.running), served=m.stats.served,
+                worker_restarts=m.stats.worker_restarts, idle_s=round(now - m.last_heard, 3)))
+        return Report(role="broker", id=self.broker_id, incarnation=self.incarnation,
+                      uptime_s=round(now - self.started, 3), capacity=sum(e.capacity for e in executors),
+                      busy=sum(e.busy for e in executors), queued=self.queued, served=self.stats.served,
+                      worker_restarts=sum(e.worker_restarts for e in executors), executors=executors,
+                      tools=self.stats.tool_stats())
+
+
+def _spec_of(member: Member, name: str) -> ToolSpec | None:
+    return next((t for t in member.ready.tools if t.name == name), None)
+
+
+def _encode(msg: Any) -> list[bytes]:
+    try:
+        return encode(msg)
+    except ProtocolError as e:
+        return encode(Result.failure(getattr(msg, "id", "") or "", "output_limit", str(e)))
+
+
+def _loopback(endpoint: str) -> bool:
+    host = endpoint[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")

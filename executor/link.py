@@ -1,0 +1,145 @@
+"""The executor's side facing clients, in a pool: a link to a broker (``serve --connect BACKEND``).
+
+The second implementation of ``executor.endpoint.ClientSide``: instead of binding a ROUTER for
+clients, the executor connects a DEALER to a broker's backend and serves the calls the broker routes
+to it. The supervisor cannot tell the difference, except that the link needs ``tick`` for its timers.
+
+The link is the Paranoid Pirate worker of the ZeroMQ guide, with the timing of ``protocol.timing``:
+on every (re)connection it announces itself with ``ready`` (tools, limits, capacity, and the ids of
+the calls it holds, so that a restarted broker routes a resent call back here, where the call table
+answers it from its cache or joins the running call); it sends a heartbeat every
+``HEARTBEAT_INTERVAL``; when the broker has been silent for ``PEER_EXPIRY`` it drops the connection
+and connects again after a backoff that doubles per unanswered attempt. A broker that does not know
+this executor (it restarted) answers ``bye``, and the link announces itself again at once; a broker
+that *refuses* it (another executor serves a tool of the same name differently) makes the executor
+stop with the broker's reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import zmq
+
+from executor.endpoint import RECV_BATCH, SHUTDOWN_LINGER_MS, Incoming
+from protocol import MAX_FRAME_BYTES, Bye, Heartbeat, ProtocolError, Ready, decode, encode
+from protocol.timing import HEARTBEAT_INTERVAL, PEER_EXPIRY, backoff
+
+log = logging.getLogger("ciayn-executor")
+
+BROKER = b"broker"  # the one route a linked executor answers on
+
+
+class BrokerLink:
+    """A DEALER connected to a broker's backend; reconnects and re-announces by itself."""
+
+    def __init__(self, ctx: zmq.Context[Any], endpoint: str, *, announce: Callable[[], Ready],
+                 curve_server_key: bytes | None = None, curve_keys: tuple[bytes, bytes] | None = None) -> None:
+        self.endpoint = endpoint
+        self.announce = announce
+        self.curve = curve_server_key is not None
+        self.failed = ""  # set when the broker refused us: the executor stops, saying this
+        sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, SHUTDOWN_LINGER_MS)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        if curve_server_key is not None:
+            from protocol.curve import secure_client
+
+            secure_client(sock, curve_server_key, curve_keys)
+        self.socket = sock
+        self.attempt = 0  # reconnections since the broker last answered
+        self.reconnect_at = 0.0  # while disconnected: when to connect again
+        self.next_heartbeat = 0.0
+        self.last_heard = self.announced = time.monotonic()
+        self.executor = ""
+        self._connect()
+        if endpoint.startswith("tcp://") and not self.curve and not _loopback(endpoint):
+            log.warning("connecting to the broker at %s without CurveZMQ: anyone on the path can send this "
+                        "executor calls; use --curve-server-key", endpoint)
+
+    def describe(self) -> str:
+        return f"broker {self.endpoint} (curve: {'on' if self.curve else 'off'})"
+
+    def _connect(self) -> None:
+        try:
+            self.socket.connect(self.endpoint)
+        except zmq.ZMQError as e:
+            from executor.endpoint import EndpointError
+
+            raise EndpointError(f"cannot connect to the broker at {self.endpoint}: {e}") from None
+        self.reconnect_at = 0.0
+        self._announce(time.monotonic())
+
+    def _announce(self, now: float) -> None:
+        ready = self.announce()
+        self.executor = ready.executor
+        self.announced = now
+        self.send(BROKER, encode(ready))
+
+    def receive(self) -> Iterator[Incoming]:
+        for _ in range(RECV_BATCH):
+            try:
+                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=True)
+            except zmq.Again:
+                return
+            now = time.monotonic()
+            self.last_heard = now
+            self.attempt = 0
+            try:
+                msg = decode(frames)
+            except ProtocolError as e:
+                yield BROKER, e  # a malformed call is still answered, with its id when readable
+                continue
+            if isinstance(msg, Heartbeat):
+                continue
+            if isinstance(msg, Bye):
+                if msg.refused:
+                    self.failed = f"the broker at {self.endpoint} refused this executor: {msg.reason}"
+                    log.error("%s", self.failed)
+                elif now - self.announced > HEARTBEAT_INTERVAL / 2:  # not for each stale heartbeat it saw
+                    log.info("the broker does not know this executor (%s); announcing again", msg.reason)
+                    self._announce(now)
+                continue
+            yield BROKER, msg
+
+    def send(self, route: bytes, frames: list[bytes]) -> None:
+        """Frames to the broker; dropped while disconnected (a result then waits in the call table's
+        cache for the client to resend its id through the next broker)."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.socket.send_multipart(frames, zmq.NOBLOCK)
+
+    def tick(self, now: float) -> float:
+        """Heartbeats, the broker's liveness, reconnection. Returns seconds until it is next due."""
+        if self.reconnect_at:
+            if now < self.reconnect_at:
+                return self.reconnect_at - now
+            self.last_heard = now  # give this attempt a full PEER_EXPIRY
+            self._connect()
+        if now - self.last_heard > PEER_EXPIRY:
+            wait = backoff(self.attempt)
+            log.warning("the broker at %s has been silent for %.1f s; reconnecting in %.2f s", self.endpoint,
+                        now - self.last_heard, wait)
+            self.attempt += 1
+            with contextlib.suppress(zmq.ZMQError):
+                self.socket.disconnect(self.endpoint)  # drops what is queued for the dead connection
+            self.reconnect_at = now + wait
+            return wait
+        if now >= self.next_heartbeat:
+            self.next_heartbeat = now + HEARTBEAT_INTERVAL
+            self.send(BROKER, encode(Heartbeat(executor=self.executor)))
+        return max(0.0, min(self.next_heartbeat, self.last_heard + PEER_EXPIRY) - now)
+
+    def close(self) -> None:
+        if not self.reconnect_at:
+            self.send(BROKER, encode(Bye(executor=self.executor, reason="shutting down")))
+        self.socket.close(linger=SHUTDOWN_LINGER_MS)
+
+
+def _loopback(endpoint: str) -> bool:
+    from executor.endpoint import _loopback as loopback
+
+    return loopback(endpoint)

@@ -1,0 +1,40 @@
+"""Timing that both ends of a pool link must agree on: a broker and the executors connected to it.
+
+Kept in one place, as the ZeroMQ guide's Paranoid Pirate and Majordomo examples keep theirs, so that
+a broker and an executor built from the same release never disagree about when the other is dead.
+The client's own retry timing (Lazy Pirate) lives with the client: it talks to a broker exactly as to
+one executor.
+
+The link (see ``protocol/SPEC.md``, "Pool"):
+
+- Each side sends a ``heartbeat`` every ``HEARTBEAT_INTERVAL`` seconds, whatever else it sends.
+- Any message from the peer counts as a sign of life. A peer silent for
+  ``HEARTBEAT_LIVENESS * HEARTBEAT_INTERVAL`` seconds (``PEER_EXPIRY``) is dead: the broker drops the
+  executor (answering its calls in flight), the executor drops its connection and reconnects.
+- An executor that finds the broker dead drops its connection and connects again after
+  ``RECONNECT_INITIAL`` seconds, doubling the wait after each attempt that brings no answer within
+  ``PEER_EXPIRY``, up to ``RECONNECT_MAX``; an answer resets it. Every (re)connection starts with a
+  ``ready`` announcement; a broker that hears from an executor it does not know answers ``bye`` and
+  the executor announces itself again at once.
+- A broker that has just started waits ``RECOVERY_WINDOW`` seconds before it sends a call to an
+  executor that has not announced holding it: executors of its previous run re-announce within that
+  time (at worst one backoff wait plus a heartbeat), together with the ids of the calls they hold, so
+  a call a client resends after a broker restart goes back to the executor that has it, and runs at
+  most once.
+- ``HELD_RECENT`` bounds how many ids of recently answered calls a ``ready`` carries.
+"""
+
+from __future__ import annotations
+
+HEARTBEAT_INTERVAL = 0.5  # seconds between heartbeats, each way
+HEARTBEAT_LIVENESS = 4  # heartbeats a peer may miss before it is taken for dead
+PEER_EXPIRY = HEARTBEAT_INTERVAL * HEARTBEAT_LIVENESS  # seconds of silence that mean dead
+RECONNECT_INITIAL = 0.1  # first wait before an executor reconnects to a silent broker
+RECONNECT_MAX = 2.0  # the wait doubles per unanswered attempt, up to this
+RECOVERY_WINDOW = RECONNECT_MAX + 2 * HEARTBEAT_INTERVAL  # a fresh broker's wait for executors to re-announce
+HELD_RECENT = 1024  # ids of recently answered calls announced in a `ready`
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before reconnection attempt number ``attempt`` (0 for the first)."""
+    return float(min(RECONNECT_MAX, RECONNECT_INITIAL * 2 ** min(attempt, 32)))
