@@ -262,14 +262,15 @@ def _apply_filesystem(sb: Sandbox) -> None:
         os.makedirs(root + src, exist_ok=True)
         _bind(src, root + src, readonly)
     for hidden in sb.late_hides:
-        _mount("tmpfs", root + hidden, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0")
+        _hide(root, hidden)
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _bind(root + "/proc/sys", root + "/proc/sys", readonly=True)
     os.chdir(root)
     _check("filesystem", "pivot_root", _syscall(NR["pivot_root"], b".", b"."))
     _check("filesystem", "detach the old root", _libc.umount2(b".", MNT_DETACH))
     os.chdir("/tmp")
-    os.environ["CIAYN_WORKSPACE"] = sb.config.workspace  # the cwd is scratch now; tools find the workspace
+    # The cwd is scratch now (tools find the workspace by name); home and temp are the scratch too.
+    os.environ.update({"CIAYN_WORKSPACE": sb.config.workspace, "HOME": "/tmp", "TMPDIR": "/tmp"})
 
 
 def _apply_capabilities(sb: Sandbox) -> None:
@@ -560,9 +561,8 @@ class Sandbox:
             hidden = os.path.realpath(hidden)
             if _under(hidden, "/tmp"):
                 self.late_hides.append(hidden)
-            elif os.path.isdir(root + hidden):
-                _mount("tmpfs", root + hidden, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                       "size=4k,mode=0")
+            else:
+                _hide(root, hidden)
         _readonly_tree(root)
         if self.config.workspace_rw and not _under(workspace, "/tmp"):
             _bind(workspace, root + workspace, readonly=False)
@@ -574,6 +574,8 @@ class Sandbox:
         any executor left (empty and older than ``cgroups.SWEEP_MIN_AGE``)."""
         if dead_only:
             for pid, group in list(self.cpu_groups.items()):
+                if os.path.exists(f"/proc/{pid}"):
+                    continue  # alive (or not reaped yet): it may not even have joined its group
                 with contextlib.suppress(OSError):
                     group.rmdir()
                     del self.cpu_groups[pid]
@@ -620,6 +622,14 @@ def remove_cpu_groups(tag: str) -> None:
         return
     for child in parent.glob(f"{cgroups.PREFIX}{tag}-*"):
         cgroups.Group(child, None, None).remove()
+
+
+def _hide(root: str, path: str) -> None:
+    """Cover ``path`` inside the view, if the view shows it: an empty directory or an empty file."""
+    if os.path.isdir(root + path):
+        _mount("tmpfs", root + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0")
+    elif os.path.lexists(root + path):
+        _mount(f"{root}/.ciayn-empty/file", root + path, None, MS_BIND)
 
 
 def _under(path: str, parent: str) -> bool:
