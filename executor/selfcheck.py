@@ -618,81 +618,102 @@ def _host_state() -> dict[str, Any]:
     return {"mounts": mounts, "groups": sorted(groups), "shm": sorted(os.listdir("/dev/shm"))}
 
 
-def run(workers: int = 2, *, quiet: bool = True) -> list[Row]:
-    """Start a hardened executor serving the attempts, run every attempt, stop it, and check the
-    host. Returns one row per attempt (plus the host checks)."""
-    import psutil
+class Target:
+    """A hardened executor serving the attempts, with what they aim at on the host: a workspace
+    holding a root-only file, a socket directory, TCP and UDP listeners, a secret in the
+    executor's environment, and a sibling worker busy with a long call. A context manager: on
+    exit the executor is stopped and ``host_rows`` says what it left on the host."""
 
-    rows: list[Row] = []
-    token = uuid.uuid4().hex[:12]
-    secret = f"sk-{uuid.uuid4().hex}"
-    before = _host_state()
-    top = tempfile.mkdtemp(prefix="ciayn-selfcheck-")
-    os.chmod(top, 0o700)
-    workspace = os.path.join(top, "workspace")
-    os.mkdir(workspace)
-    os.chmod(top, 0o755)
-    with open(os.path.join(workspace, "root-only.txt"), "w") as f:
-        f.write("root only")
-    os.chmod(os.path.join(workspace, "root-only.txt"), 0o600)
-    sockdir = os.path.join(top, "run")
-    os.mkdir(sockdir, 0o700)
-    sock_path = os.path.join(sockdir, "executor.sock")
-    endpoint = f"ipc://{sock_path}"
-    tcp = socket.create_server(("127.0.0.1", 0))
-    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    udp.bind(("127.0.0.1", 0))
-    udp.setblocking(False)
-    env = dict(os.environ, **{SECRET_ENV: secret})
-    cmd = [sys.executable, "-m", "executor.cli", "serve", "--profile", "hardened", "--skip-selfcheck",
-           "--tools", "executor.selfcheck", "--bind", endpoint, "--workers", str(workers),
-           "--workspace", workspace, "--memory-mb", str(MEMORY_MB), "--max-processes", str(PROCESSES),
-           "--timeout", "15", "--parent-pid", str(os.getpid()), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL if quiet else None, cwd=workspace)
-    client: _Client | None = None
-    ours: tuple[str, ...] = ()
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not os.path.exists(sock_path):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the hardened executor did not start (exit code {proc.poll()}); run "
-                                   f"`{' '.join(cmd[2:])}` to see why")
-            time.sleep(0.02)
-        client = _Client(endpoint)
-        first = client.wait(client.send("hold", {"seconds": 0.0}), START_TIMEOUT)  # the workers are up
-        tree = psutil.Process(proc.pid).children()
-        template = tree[0].pid if tree else 0
-        ours = (first.executor or "?", f"-{template}-")  # in the names of its control groups
-        holder = client.send("hold", {"seconds": 8.0})
-        sibling = _busy_worker(template, psutil)
-        ctx = Context(endpoint=endpoint, sock_path=sock_path, workspace=workspace, supervisor=proc.pid,
-                      template=template, sibling=sibling, controller=os.getpid(), tcp_port=tcp.getsockname()[1],
-                      udp_port=udp.getsockname()[1], token=token, secret=secret)
-        for attempt in ATTEMPTS:
-            rows.append(_run_attempt(client, attempt, ctx))
-        with contextlib.suppress(TimeoutError):
-            client.wait(holder, 15)
-        got_udp = b""
-        with contextlib.suppress(BlockingIOError):
-            got_udp = udp.recv(256)
-        if got_udp:
-            row = next(r for r in rows if r.attempt == "UDP send to the host")
-            row.ok, row.observed = False, f"the host received {got_udp!r}"
-    finally:
-        if client is not None:
-            client.close()
-        proc.send_signal(signal.SIGTERM)
+    def __init__(self, workers: int = 3, quiet: bool = True, extra: tuple[str, ...] = ()) -> None:
+        self.workers, self.quiet, self.extra = workers, quiet, extra
+        self.host_rows: list[Row] = []
+
+    def __enter__(self) -> Target:
+        import psutil
+
+        self.before = _host_state()
+        self.top = tempfile.mkdtemp(prefix="ciayn-selfcheck-")
+        workspace = os.path.join(self.top, "workspace")
+        os.mkdir(workspace)
+        os.chmod(self.top, 0o755)
+        with open(os.path.join(workspace, "root-only.txt"), "w") as f:
+            f.write("root only")
+        os.chmod(os.path.join(workspace, "root-only.txt"), 0o600)
+        sockdir = os.path.join(self.top, "run")
+        os.mkdir(sockdir, 0o700)
+        sock_path = os.path.join(sockdir, "executor.sock")
+        endpoint = f"ipc://{sock_path}"
+        self.tcp = socket.create_server(("127.0.0.1", 0))
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("127.0.0.1", 0))
+        self.udp.setblocking(False)
+        secret = f"sk-{uuid.uuid4().hex}"
+        cmd = [sys.executable, "-m", "executor.cli", "serve", "--profile", "hardened", "--skip-selfcheck",
+               "--tools", "executor.selfcheck", "--bind", endpoint, "--workers", str(self.workers),
+               "--workspace", workspace, "--memory-mb", str(MEMORY_MB), "--max-processes", str(PROCESSES),
+               "--timeout", "15", "--parent-pid", str(os.getpid()), "--log-level", "warning", *self.extra]
+        self.proc = subprocess.Popen(cmd, env=dict(os.environ, **{SECRET_ENV: secret}), stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL if self.quiet else None, cwd=workspace)
+        self.client: _Client | None = None
+        self.ours: tuple[str, ...] = ()
         try:
-            proc.wait(STOP_TIMEOUT)
+            deadline = time.monotonic() + START_TIMEOUT
+            while not os.path.exists(sock_path):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the hardened executor did not start (exit code {self.proc.poll()}); "
+                                       f"run `ciayn-executor {' '.join(cmd[3:])}` to see why")
+                time.sleep(0.02)
+            self.client = _Client(endpoint)
+            first = self.client.wait(self.client.send("hold", {"seconds": 0.0}), START_TIMEOUT)
+            tree = psutil.Process(self.proc.pid).children()
+            template = tree[0].pid if tree else 0
+            self.ours = (first.executor or "?", f"-{template}-")  # in the names of its control groups
+            self.client.send("hold", {"seconds": 300.0}, timeout=300.0)  # cancelled by the shutdown
+            self.ctx = Context(endpoint=endpoint, sock_path=sock_path, workspace=workspace, supervisor=self.proc.pid,
+                               template=template, sibling=_busy_worker(template, psutil), controller=os.getpid(),
+                               tcp_port=self.tcp.getsockname()[1], udp_port=self.udp.getsockname()[1],
+                               token=uuid.uuid4().hex[:12], secret=secret)
+        except BaseException:
+            self._stop()
+            raise
+        return self
+
+    def attempt(self, attempt: Attempt) -> Row:
+        assert self.client is not None
+        row = _run_attempt(self.client, attempt, self.ctx)
+        if attempt.tool == "udp_send":
+            got = b""
+            with contextlib.suppress(BlockingIOError):
+                got = self.udp.recv(256)
+            if got:
+                row.ok, row.observed = False, f"the host received {got!r}"
+        return row
+
+    def _stop(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        tcp.close()
-        udp.close()
-    rows += _host_rows(before, token, ours)
-    shutil.rmtree(top, ignore_errors=True)
-    return rows
+            self.proc.kill()
+            self.proc.wait()
+        self.tcp.close()
+        self.udp.close()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+        ctx: Context | None = getattr(self, "ctx", None)
+        self.host_rows = _host_rows(self.before, ctx.token if ctx else "-", self.ours)
+        shutil.rmtree(self.top, ignore_errors=True)
+
+
+def run(quiet: bool = True) -> list[Row]:
+    """Start a hardened executor serving the attempts, run every attempt, stop it, and check the
+    host. Returns one row per attempt, then the host checks."""
+    with Target(quiet=quiet) as target:
+        rows = [target.attempt(a) for a in ATTEMPTS]
+    return rows + target.host_rows
 
 
 def _busy_worker(template: int, psutil: Any) -> int:
