@@ -1,7 +1,7 @@
 """A per-run tool allowlist: offer an agent only the tools its task needs.
 
 ``AllowedTools(client, ["list_dir", "read_file", "complete_task"])`` wraps an executor client (any
-object with ``tools()`` and ``call()``, which is all either backend uses). Its ``tools()`` lists only
+``controller.toolclient.ToolClient``) and is one itself. Its ``tools()`` lists only
 the allowed tools, so the prompt, the reply grammar and the parser know no others; its ``call()``
 refuses any other tool with an ``unknown_tool`` result without sending it, so a model that guesses a
 hidden tool's name still cannot run it. The executor itself keeps serving every tool to other
@@ -11,8 +11,9 @@ clients: this narrows one run, it does not reconfigure the executor.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from concurrent.futures import Future
 
-from controller.ciayn import ToolClient
+from controller.toolclient import ToolClient
 from protocol import Call, Result, ToolSpec
 
 
@@ -46,14 +47,24 @@ class AllowedTools:
             )
         return [s for s in specs if s.name in self.names]
 
-    def call(self, call: Call, timeout: float | None = None) -> Result:
+    def submit(self, call: Call, timeout: float | None = None) -> Future[Result]:
         if call.tool not in self.names:
-            return Result.failure(
-                call.id or "",
-                "unknown_tool",
-                f"{call.tool} is not offered in this run; the tools are: {', '.join(self.names)}",
+            refused: Future[Result] = Future()
+            refused.set_result(
+                Result.failure(
+                    call.id or "",
+                    "unknown_tool",
+                    f"{call.tool} is not offered in this run; the tools are: {', '.join(self.names)}",
+                )
             )
-        return self.client.call(call, timeout=timeout)
+            return refused
+        return self.client.submit(call, timeout=timeout)
+
+    def call(self, call: Call, timeout: float | None = None) -> Result:
+        return self.submit(call, timeout).result()
+
+    def cancel(self, call_id: str) -> None:
+        self.client.cancel(call_id)
 
     def __repr__(self) -> str:
         return f"AllowedTools({self.client!r}, {list(self.names)!r})"

@@ -25,11 +25,11 @@ demonstrated example turns (``prompts.example_turns``), and a grammar makes ever
 
 from __future__ import annotations
 
+import functools
 import importlib
-import uuid
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from controller import prompts
 from controller.events import (
@@ -39,7 +39,6 @@ from controller.events import (
     Rejected,
     StepEvent,
     StreamingAgent,
-    Tally,
     ToolCallEvent,
     ToolResultEvent,
 )
@@ -54,7 +53,10 @@ from controller.models import (
     estimate_tokens,
     split_content,
 )
-from protocol import Call, CallRejected, Result, ToolSpec, fingerprint, parse_calls, strip_markup
+from controller.run import Abandoned, RunSkeleton
+from controller.toolclient import ToolClient
+from protocol import Call, CallRejected, Result, ToolSpec, fingerprint, strip_markup
+from protocol.grammar import parse_reply
 
 DEFAULT_MAX_STEPS = 30
 DEFAULT_MAX_INVALID = 5
@@ -63,14 +65,6 @@ DEFAULT_MAX_HISTORY_MESSAGES = 50
 PromptStyle = Literal["full", "compact"]
 SMALL_MODEL_OPTIONS: Mapping[str, Any] = {"prompt_style": "compact", "few_shot": True}
 """The agent options for a small local model (``ciayn run --prompt compact``, the local default)."""
-
-
-class ToolClient(Protocol):
-    """What the agent needs of an executor client (``controller.ExecutorClient`` is one)."""
-
-    def tools(self) -> list[ToolSpec]: ...
-
-    def call(self, call: Call, timeout: float | None = None) -> Result: ...
 
 
 def build_grammar(specs: Sequence[ToolSpec]) -> str:
@@ -83,7 +77,8 @@ def build_grammar(specs: Sequence[ToolSpec]) -> str:
 class CiaynAgent(StreamingAgent):
     """A CIAYN agent over one model and one executor client.
 
-    ``max_steps`` bounds model requests; ``max_cost`` (dollars) stops the run once spent;
+    ``max_steps`` bounds model requests; ``max_cost`` (dollars) stops the run once spent (only for
+    models litellm has a price for); ``max_tokens_total`` stops it once that many tokens are used;
     ``max_invalid`` / ``max_empty`` bound consecutive invalid / empty replies; ``max_history_messages``
     and ``max_history_tokens`` bound the history sent each step (tokens default to the model's known
     input limit, if any). ``show_reasoning`` puts the model's reasoning into ``ModelText`` events.
@@ -101,6 +96,7 @@ class CiaynAgent(StreamingAgent):
         *,
         max_steps: int = DEFAULT_MAX_STEPS,
         max_cost: float | None = None,
+        max_tokens_total: int | None = None,
         max_invalid: int = DEFAULT_MAX_INVALID,
         max_empty: int = DEFAULT_MAX_EMPTY,
         max_history_messages: int | None = DEFAULT_MAX_HISTORY_MESSAGES,
@@ -124,6 +120,7 @@ class CiaynAgent(StreamingAgent):
         self.client = client
         self.max_steps = max_steps
         self.max_cost = max_cost
+        self.max_tokens_total = max_tokens_total
         self.max_invalid = max_invalid
         self.max_empty = max_empty
         self.max_history_messages = max_history_messages
@@ -171,35 +168,29 @@ def _merge_roles(messages: Sequence[Message]) -> list[dict[str, Any]]:
 
 
 @dataclass
-class _Run:
+class _Run(RunSkeleton):
     """The state of one ``stream``: kept apart from the agent so runs never share it."""
 
     agent: CiaynAgent
-    task: str | Sequence[Message]
-    tally: Tally = field(default_factory=Tally)
     history: list[Message] = field(default_factory=list)
-    specs: list[ToolSpec] = field(default_factory=list)
-    tools: dict[str, ToolSpec] = field(default_factory=dict)
     grammar: str | None = None  # of the offered tools
     step_grammar: str | None = None  # of this step's request: ``grammar``, or one without ``avoid``
     avoid: frozenset[str] = frozenset()  # tools the next reply may not call (it just looped on them)
     narrowed: dict[frozenset[str], str | None] = field(default_factory=dict)
-    last_fingerprint: str | None = None  # of the last call, if it succeeded
     last_step: list[tuple[str, str]] = field(default_factory=list)  # the last step's calls and outcomes
     invalid: int = 0
     empty: int = 0
     trim_noticed: bool = False
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # call ids key the executor's shared cache
-    call_serial: int = 0
 
     def events(self) -> Generator[StepEvent, None, None]:
         a = self.agent
-        try:
-            self.specs = list(a.client.tools())
-        except Exception as e:  # the client's own failure, explained for the operator
-            yield self.tally.finished("failed", f"could not list the executor's tools: {e}")
+        failed = self.list_tools()
+        if failed is not None:
+            yield failed
             return
-        self.tools = {s.name: s for s in self.specs}
+        warning = self.no_completion_tool()
+        if warning is not None:
+            yield warning
         yield from self._resolve_grammar()
         initial = self._initial_messages()
         count_tokens = getattr(a.model, "count_tokens", None) or estimate_tokens
@@ -208,12 +199,13 @@ class _Run:
             token_limit = a.model.max_input_tokens()  # type: ignore[attr-defined]
 
         while True:
-            finished = self._limit_reached()
+            finished = self.limit_reached()
             if finished is not None:
                 yield finished
                 return
-            self.tally.steps += 1
-            step = self.tally.steps
+            started = self.begin_step()
+            step = started.step
+            yield started
             messages, dropped = trim_history(
                 initial,
                 self.history,
@@ -225,10 +217,15 @@ class _Run:
                 self.trim_noticed = True
                 yield Notice(f"History trimmed to fit the limits: {dropped} older messages left out.")
             self.step_grammar, self.avoid = self._grammar_without(self.avoid), frozenset()
+            request = _merge_roles(messages)
             try:
-                reply = a.model.complete(_merge_roles(messages), grammar=self.step_grammar)
+                request_fn = functools.partial(a.model.complete, request, grammar=self.step_grammar)
+                reply = yield from self.await_model(step, request_fn)
             except ModelError as e:
                 yield self.tally.finished("failed", str(e))
+                return
+            if isinstance(reply, Abandoned):
+                yield self.stopped()
                 return
             text, reasoning = _reply_text(reply)
             yield ModelText(step=step, text=text, reasoning=reasoning if a.show_reasoning else "")
@@ -249,8 +246,7 @@ class _Run:
             self.empty = 0
 
             try:
-                calls = parse_calls(text, self.tools)
-                call_text = strip_markup(text)
+                calls, call_text = parse_reply(text, self.tools)
             except CallRejected as e:
                 yield Rejected(step=step, text=text, message=str(e), code=e.code)
                 repaired = yield from self._repair(step, text, e)
@@ -333,12 +329,6 @@ class _Run:
             return [*messages, {"role": "user", "content": prompts.TASK.format(task=self.task)}]
         return [*messages, *(dict(m) for m in self.task)]
 
-    def _limit_reached(self) -> Finished | None:
-        a = self.agent
-        if a._stop.is_set():
-            return self.tally.finished("stopped", a._stop_reason or "stopped")
-        return self.tally.limit_reached(a.max_steps, a.max_cost)
-
     def _repair(
         self, step: int, text: str, error: CallRejected
     ) -> Generator[StepEvent, None, tuple[list[Call], str] | None]:
@@ -349,18 +339,19 @@ class _Run:
         model = a.repair_model or a.model
         request = [{"role": "user", "content": prompts.repair_prompt(self.specs, text, str(error))}]
         try:
-            reply = model.complete(request, grammar=self.step_grammar)
+            reply = yield from self.await_model(step, lambda: model.complete(request, grammar=self.step_grammar))
         except ModelError as e:
             yield Notice(f"Repair of the rejected reply failed: {e}")
+            return None
+        if isinstance(reply, Abandoned):
             return None
         yield self.tally.add_usage(step, reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.cost)
         fixed, _ = _reply_text(reply)
         try:
-            calls = parse_calls(fixed, self.tools)
+            calls, fixed = parse_reply(fixed, self.tools)
         except CallRejected as e:
             yield Notice(f"Repair of the rejected reply failed: the rewrite was rejected too ({e})")
             return None
-        fixed = strip_markup(fixed)
         yield Notice(f"Repaired the rejected reply as: {fixed}")
         return calls, fixed
 
@@ -368,20 +359,16 @@ class _Run:
         self, step: int, calls: list[Call]
     ) -> Generator[StepEvent, None, list[tuple[Call, Result | str]] | Finished]:
         """Run the calls in order; their outcomes for the feedback, or the run's end."""
-        a = self.agent
         outcomes: list[tuple[Call, Result | str]] = []
         for call in calls:
-            if a._stop.is_set():
-                return self.tally.finished("stopped", a._stop_reason or "stopped")
-            spec = self.tools[call.tool]
-            mark = fingerprint(call, spec)
-            if spec.no_repeat and mark == self.last_fingerprint:
-                message = prompts.repeat(call)
-                yield Rejected(step=step, text=prompts.format_call(call), message=message, code="repeat")
-                outcomes.append((call, message))
+            if self.stopping.is_set():
+                return self.stopped()
+            refusal = self.repeat_refusal(call)
+            if refusal is not None:
+                yield Rejected(step=step, text=prompts.format_call(call), message=refusal, code="repeat")
+                outcomes.append((call, refusal))
                 continue
-            self.call_serial += 1
-            sent = call.model_copy(update={"id": f"{self.run_id}-{self.call_serial}"})
+            sent = self.with_id(call)
             yield ToolCallEvent(
                 step=step,
                 call_id=sent.id or "",
@@ -390,16 +377,16 @@ class _Run:
                 kwargs=dict(sent.kwargs),
                 text=prompts.format_call(sent),
             )
-            result = a.client.call(sent, timeout=a.call_timeout)
+            result = yield from self.send_call(sent)
             self.tally.add_result(result)
             yield ToolResultEvent.from_result(step, sent.tool, result)
-            self.last_fingerprint = mark if result.ok else None
-            for signal in result.signals:
-                if signal.kind == "note":
-                    yield Notice(f"{sent.tool}: {signal.message}")
+            self.record(call, result)
+            yield from self.notes(sent.tool, result)
             ending = self.tally.ending(sent.tool, result)
             if ending is not None:
                 return ending
+            if self.stopping.is_set():
+                return self.stopped()
             outcomes.append((call, result))
         return outcomes
 

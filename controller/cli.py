@@ -6,11 +6,13 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,7 @@ for _key, _value in OFFLINE_ENV.items():  # before anything can import litellm: 
 
 from controller.client import ExecutorClient, ExecutorUnavailable  # noqa: E402
 from controller.local import ExecutorStartError, LocalExecutor  # noqa: E402
-from protocol import Result  # noqa: E402
+from protocol import CallRejected, Result, parse_call  # noqa: E402
 from protocol.grammar import EXPECTED_SHAPE  # noqa: E402
 
 BUILTIN_TOOLS = "executor.toolkits.builtin"
@@ -44,7 +46,8 @@ examples:
 
 Without --tools or --executor, a private executor serves the built-in toolkit (read_file,
 write_file, list_dir, run_shell, emit_note, complete_task) confined to --workspace.
-Exit status: 0 when a tool signalled that the task is complete, 1 otherwise, 2 for usage errors.
+Exit status: 0 when a tool signalled that the task is complete, 1 otherwise, 2 for usage errors,
+130 when Ctrl-C stopped the run (the first Ctrl-C cancels what is in flight; a second exits at once).
 """
 
 
@@ -78,6 +81,34 @@ class UserError(Exception):
 # ------------------------------------------------------------------------------------------ parser
 
 
+CONFIG_EPILOG = """\
+settings: every option with a value can also come from an environment variable, CIAYN_ and the
+option's name (CIAYN_MODEL, CIAYN_API_BASE, CIAYN_EXECUTOR, CIAYN_MAX_STEPS, ...; lists
+comma-separated), or from a configuration file: the file named by CIAYN_CONFIG, else ./ciayn.toml,
+else [tool.ciayn] in ./pyproject.toml (keys are option names: model = "openai/gpt-4o-mini").
+Precedence: command line, then environment, then file, then the defaults shown here.
+"""
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ciayn-sandbox")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _common_options(p: argparse.ArgumentParser, top: bool) -> None:
+    """--log-level and -v, on the top parser and (so they may follow the command) on each command."""
+    p.add_argument("--log-level", choices=LOG_LEVELS, metavar="LEVEL", default=None if top else argparse.SUPPRESS,
+                   help="log verbosity on stderr, with timestamps: debug, info, warning, error (default: warning; "
+                   "CIAYN_LOG_LEVEL); a private executor logs at this level too")
+    p.add_argument("-v", "--verbose", action="count", default=0 if top else argparse.SUPPRESS,
+                   help="more log output: -v info, -vv debug")
+
+
 def _executor_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("executor (choose one; default: a private executor with the built-in toolkit)")
     g.add_argument("--executor", metavar="ENDPOINT", help="use a running executor or broker, e.g. tcp://host:5555")
@@ -87,62 +118,77 @@ def _executor_options(p: argparse.ArgumentParser) -> None:
                    help="CurveZMQ: this client's .key_secret file (for an executor started with --curve-clients)")
     g.add_argument("--tools", action="append", metavar="MODULE",
                    help="start a private executor with these tool modules (dotted name or .py path; repeatable)")
-    p.add_argument("--workspace", metavar="DIR", default=".",
+    p.add_argument("--workspace", metavar="DIR",
                    help="directory the private executor's file tools are confined to (default: .)")
-    p.add_argument("--timeout", type=POSITIVE_FLOAT, default=None, metavar="S",
+    p.add_argument("--timeout", type=POSITIVE_FLOAT, metavar="S",
                    help="per-call wall-clock limit in seconds (default: the executor's, 30 s for a private one)")
-    p.add_argument("--memory-mb", type=POSITIVE_INT, default=None, metavar="MB",
+    p.add_argument("--memory-mb", type=POSITIVE_INT, metavar="MB",
                    help="memory limit of a private executor's workers")
+    p.add_argument("--pass-env", action="append", metavar="NAME",
+                   help="hand this environment variable to a private executor's tools (repeatable); tools see "
+                   "no other secrets")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ciayn", description=DESCRIPTION,
+    parser = argparse.ArgumentParser(prog="ciayn", description=DESCRIPTION, epilog=CONFIG_EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    _common_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run an agent on a task", description=DESCRIPTION, epilog=RUN_EPILOG,
-                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    run = sub.add_parser("run", help="run an agent on a task", description=DESCRIPTION,
+                         epilog=RUN_EPILOG + "\n" + CONFIG_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("task", help="what the agent should do")
-    run.add_argument("--model", default=LOCAL_MODEL,
+    run.add_argument("--model",
                      help="litellm model string, e.g. openai/gpt-4o-mini; 'local' (default) serves the embedded "
                      "SmolLM2-135M model on 127.0.0.1")
     run.add_argument("--api-base", metavar="URL", help="base URL of an OpenAI-compatible server for the model")
-    run.add_argument("--backend", choices=["auto", "react", "ciayn"], default="auto",
+    run.add_argument("--backend", choices=["auto", "react", "ciayn"],
                      help="react: native tool calling (LangGraph); ciayn: one line of Python per step; "
                      "auto (default): react when the model is known to call tools well")
-    run.add_argument("--max-steps", type=POSITIVE_INT, default=30, metavar="N",
-                     help="model requests before stopping (30)")
-    run.add_argument("--max-cost", type=POSITIVE_FLOAT, default=None, metavar="USD",
-                     help="stop once this much is spent")
-    run.add_argument("--grammar", choices=["auto", "on", "off"], default="auto",
+    run.add_argument("--max-steps", type=POSITIVE_INT, metavar="N", help="model requests before stopping (30)")
+    run.add_argument("--max-cost", type=POSITIVE_FLOAT, metavar="USD",
+                     help="stop once this much is spent (only for models litellm has a price for; see "
+                     "--max-tokens-total)")
+    run.add_argument("--max-tokens-total", type=POSITIVE_INT, metavar="N",
+                     help="stop once the run has used this many tokens (prompt and reply, all steps)")
+    run.add_argument("--grammar", choices=["auto", "on", "off"],
                      help="constrain CIAYN replies with a GBNF grammar (auto: on for the local model)")
     run.add_argument("--allow-tools", metavar="NAMES",
                      help="comma-separated tool names: offer the model only these (e.g. list_dir,read_file,"
                      "complete_task); calls to any other tool are refused without reaching the executor")
-    run.add_argument("--prompt", choices=["auto", "full", "compact"], default="auto",
+    run.add_argument("--prompt", choices=["auto", "full", "compact"],
                      help="CIAYN prompt: full rules and docstrings, or compact (short rules, one line per tool, "
                      "and demonstrated example turns) for small models (auto: compact for the local model)")
-    run.add_argument("--temperature", type=NON_NEGATIVE_FLOAT, default=None, metavar="T",
+    run.add_argument("--temperature", type=NON_NEGATIVE_FLOAT, metavar="T",
                      help="sampling temperature (default 0: the most likely reply)")
-    run.add_argument("--seed", type=int, default=None, metavar="N",
+    run.add_argument("--seed", type=int, metavar="N",
                      help="sampling seed, for servers that take one (llama.cpp, OpenAI)")
-    run.add_argument("--max-tokens", type=POSITIVE_INT, default=None, metavar="N",
+    run.add_argument("--max-tokens", type=POSITIVE_INT, metavar="N",
                      help="cap on each model reply's tokens (default: the provider's; 128 for the local model)")
     run.add_argument("--show-reasoning", action="store_true", help="show the model's reasoning / think blocks")
-    run.add_argument("--json", action="store_true", help="print one JSON event per line instead of a transcript")
+    run.add_argument("--json", action="store_true",
+                     help="print one JSON event per line (each with an ISO 8601 UTC timestamp \"ts\") instead of "
+                     "a transcript")
     _executor_options(run)
+    _common_options(run, top=False)
 
     call = sub.add_parser("call", help="run one tool call, written as Python call text",
                           description="Parse one call (the CIAYN grammar: literal arguments only) and run it in "
-                          "the executor.", epilog="example: ciayn call 'read_file(path=\"README.md\")'")
+                          "the executor. Ctrl-C cancels the call at the executor.",
+                          epilog="example: ciayn call 'read_file(path=\"README.md\")'\n\n" + CONFIG_EPILOG,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     call.add_argument("text", help="the call, e.g. 'list_dir(path=\".\")'")
     call.add_argument("--json", action="store_true", help="print the whole result as JSON")
     _executor_options(call)
+    _common_options(call, top=False)
 
     tools = sub.add_parser("tools", help="list the executor's tools",
-                           description="List the tools an executor offers, with signatures and docs.")
+                           description="List the tools an executor offers, with signatures and docs.",
+                           epilog=CONFIG_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     tools.add_argument("--json", action="store_true", help="print the tool specs as JSON")
     _executor_options(tools)
+    _common_options(tools, top=False)
     return parser
 
 
@@ -166,6 +212,14 @@ def _curve_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 SOCKET_WAIT_S = 10.0  # an executor started a moment ago may not have bound its socket yet
+FIRST_ANSWER_S = 1.0  # after this long without an answer, say that ciayn is waiting (and for how long)
+PRIVATE_ONLY = (("workspace", "--workspace"), ("memory_mb", "--memory-mb"), ("pass_env", "--pass-env"))
+
+Say = Callable[[str], None]
+
+
+def _say_on_stderr(text: str) -> None:
+    print(f"ciayn: {text}", file=sys.stderr, flush=True)
 
 
 def _appears(path: str, within: float) -> bool:
@@ -177,32 +231,60 @@ def _appears(path: str, within: float) -> bool:
     return True
 
 
-def check_executor_args(args: argparse.Namespace) -> None:
-    """Usage errors of the executor options, found before anything is started."""
+def check_executor_args(args: argparse.Namespace, say: Say = _say_on_stderr) -> None:
+    """Usage errors of the executor options, found before anything is started; options that would
+    have no effect are named (``say``)."""
     if args.executor and args.tools:
         raise UserError("Give either --executor (a running executor) or --tools (start a private one), not both.")
     if (args.curve_server_key or args.curve_key) and not args.executor:
         raise UserError("--curve-server-key and --curve-key are for --executor (a running executor over tcp).")
+    if args.executor:
+        sources = getattr(args, "sources", {})
+        ignored = [flag for dest, flag in PRIVATE_ONLY if dest in sources]
+        if ignored:
+            say(f"Warning: {' and '.join(ignored)} configure a private executor and have no effect with --executor "
+                f"{args.executor} (set from: {', '.join(sources[d] for d, f in PRIVATE_ONLY if f in ignored)}); "
+                "the running executor keeps the workspace, limits and environment it was started with.")
     if args.executor and args.executor.startswith("ipc://"):
         path = args.executor[len("ipc://"):]
-        if path and not path.startswith("@") and not _appears(path, SOCKET_WAIT_S):
-            raise UserError(f"No executor socket at {path}: start one with `ciayn-executor serve --bind "
-                            f"{args.executor} --tools ...`, or check the path.")
+        if path and not path.startswith("@") and not os.path.exists(path):
+            say(f"no executor socket at {path} yet; waiting up to {SOCKET_WAIT_S:g} s for it to appear")
+            if not _appears(path, SOCKET_WAIT_S):
+                raise UserError(f"No executor socket at {path}: start one with `ciayn-executor serve --bind "
+                                f"{args.executor} --tools ...`, or check the path.")
+
+
+def _pass_env_supported() -> bool:
+    """Whether this installation's ``ciayn-executor serve`` takes ``--pass-env``."""
+    import subprocess
+
+    try:
+        out = subprocess.run([sys.executable, "-m", "executor.cli", "serve", "--help"], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--pass-env" in out
 
 
 @contextlib.contextmanager
-def open_executor(args: argparse.Namespace) -> Iterator[ExecutorClient]:
-    check_executor_args(args)
+def open_executor(args: argparse.Namespace, say: Say = _say_on_stderr) -> Iterator[ExecutorClient]:
+    check_executor_args(args, say)
     if args.executor:
         try:
             client = ExecutorClient(args.executor, timeout=args.timeout, **_curve_options(args))
         except ValueError as e:
             raise UserError(f"{e}. Endpoints look like ipc:///path/to/socket or tcp://host:port.") from None
         try:
-            client.tools()
+            try:
+                client.tools(timeout=FIRST_ANSWER_S)
+            except ExecutorUnavailable:
+                rest = max(client.connect_timeout - FIRST_ANSWER_S, 0.1)
+                say(f"no answer yet from the executor at {args.executor}; waiting up to {rest:g} s more")
+                client.tools(timeout=rest)
         except ExecutorUnavailable as e:
             client.close()
-            raise UserError(f"{e}") from None
+            raise UserError(f"{e} Start one with `ciayn-executor serve --bind {args.executor} --tools ...`, or "
+                            "check the endpoint (--executor, CIAYN_EXECUTOR).") from None
         try:
             yield client
         finally:
@@ -216,7 +298,14 @@ def open_executor(args: argparse.Namespace) -> Iterator[ExecutorClient]:
         limits["timeout"] = args.timeout
     if args.memory_mb:
         limits["memory_mb"] = args.memory_mb
-    local = LocalExecutor(tools=args.tools or [BUILTIN_TOOLS], workspace=workspace, **limits)
+    if args.log_level:
+        limits["log_level"] = args.log_level
+    if args.pass_env and not _pass_env_supported():
+        raise UserError("--pass-env needs an executor that supports it (`ciayn-executor serve --pass-env`); this "
+                        "installation's does not.")
+    local = LocalExecutor(tools=args.tools or [BUILTIN_TOOLS], workspace=workspace, pass_env=args.pass_env or (),
+                          **limits)
+    _LOCAL_PROCESSES.append(local)
     try:
         client = local.start()
     except ExecutorStartError as e:
@@ -225,6 +314,43 @@ def open_executor(args: argparse.Namespace) -> Iterator[ExecutorClient]:
         yield client
     finally:
         local.stop()
+        _LOCAL_PROCESSES.remove(local)
+
+
+_LOCAL_PROCESSES: list[Any] = []  # what a second Ctrl-C kills before exiting at once (kill())
+
+
+def _abort_now() -> None:
+    """The second Ctrl-C: kill what this process started, without waiting, and exit 130."""
+    for process in list(_LOCAL_PROCESSES):
+        with contextlib.suppress(Exception):
+            process.kill()
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.write("\nciayn: aborted\n")
+        sys.stderr.flush()
+    os._exit(130)
+
+
+@contextlib.contextmanager
+def interruptible(on_first: Callable[[], None]) -> Iterator[None]:
+    """Within the block, the first Ctrl-C (SIGINT) calls ``on_first`` (which asks the work to stop)
+    and the second exits at once (``_abort_now``)."""
+    count = 0
+
+    def handler(signum: int, frame: Any) -> None:
+        nonlocal count
+        count += 1
+        if count > 1:
+            _abort_now()
+        on_first()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # ------------------------------------------------------------------------------------------ commands
@@ -236,26 +362,48 @@ def cmd_tools(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps([s.model_dump() for s in specs], indent=2))
             return 0
-        from rich.console import Console
+        from controller.render import make_console
 
-        console = Console()
+        console = make_console()
         for spec in specs:
             flags = [f for f in ("bundleable", "no_repeat", "idempotent") if getattr(spec, f)]
             tail = f"  [dim]({', '.join(flags)})[/dim]" if flags else ""
             console.print(f"[bold cyan]{spec.name}[/bold cyan]{_esc(spec.signature)}{tail}")
-            for line in spec.doc.splitlines():
+            for line in (spec.doc or "(no docstring)").splitlines():
                 console.print(f"    {_esc(line)}", highlight=False)
             console.print()
     return 0
 
 
 def cmd_call(args: argparse.Namespace) -> int:
+    import threading
+
+    from controller.run import call_until_stopped
+
+    stopping = threading.Event()
     with open_executor(args) as client:
-        result = client.call_text(args.text, timeout=args.timeout)
+        specs = {s.name: s for s in client.tools()}
+        try:
+            call = parse_call(args.text, specs)
+        except CallRejected as e:
+            kind = e.code if e.code in ("unknown_tool", "bad_arguments") else "rejected"
+            result = Result.failure("", kind, str(e))  # type: ignore[arg-type]
+        else:
+            call = call.model_copy(update={"id": uuid.uuid4().hex})
+
+            def cancel() -> None:
+                _say_on_stderr(f"Ctrl-C: cancelling {args.text} (call {call.id}) at the executor "
+                               "(Ctrl-C again to exit at once)")
+                stopping.set()
+
+            with interruptible(cancel):
+                result = call_until_stopped(client, call, args.timeout, stopping)
     if args.json:
         print(result.model_dump_json(indent=2))
     else:
         _print_result(result)
+    if stopping.is_set():
+        return 130
     return 0 if result.ok else 1
 
 
@@ -302,18 +450,22 @@ LOCAL_MAX_TOKENS = 128  # a call of the built-in tools is far shorter; bounds a 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from controller.models import ModelConfig, check_endpoint, price_known
     from controller.render import Transcript
 
-    transcript = Transcript(json_lines=args.json)
     with contextlib.ExitStack() as stack:
+        transcript = stack.enter_context(Transcript(json_lines=args.json))
         model, api_base, grammar, backend = args.model, args.api_base, args.grammar, args.backend
         prompt, max_tokens = args.prompt, args.max_tokens
         if model == LOCAL_MODEL:
             from controller.local_model import LocalModelServer, ModelNotInstalled, ModelServerError
 
             transcript.notice("starting the embedded model (SmolLM2-135M-Instruct) on 127.0.0.1 ...")
+            server_holder = LocalModelServer()
+            _LOCAL_PROCESSES.append(server_holder)
+            stack.callback(_LOCAL_PROCESSES.remove, server_holder)
             try:
-                server = stack.enter_context(LocalModelServer())
+                server = stack.enter_context(server_holder)
             except (ModelNotInstalled, ModelServerError) as e:
                 raise UserError(str(e)) from None
             model = server.react_model if backend == "react" else server.ciayn_model
@@ -321,7 +473,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             grammar = "on" if grammar == "auto" else grammar
             prompt = "compact" if prompt == "auto" else prompt
             max_tokens = LOCAL_MAX_TOKENS if max_tokens is None else max_tokens
-        client = stack.enter_context(open_executor(args))
+        else:
+            # Before the executor starts: a wrong URL, a server that is down or a missing key is
+            # reported in one paragraph now, not after retries in the first step.
+            problem = check_endpoint(ModelConfig(model=model, api_base=api_base))
+            if problem is not None:
+                raise UserError(problem)
+        if args.max_cost is not None and not price_known(model):
+            transcript.notice(
+                f"Warning: --max-cost cannot be enforced: litellm has no price for {model}, so every reply counts "
+                "as $0. Bound the run with --max-tokens-total N (tokens, counted for every model) instead."
+            )
+        client = stack.enter_context(open_executor(args, transcript.notice))
         tools = client.tools()
         transcript.notice(f"executor ready: {len(tools)} tools ({', '.join(t.name for t in tools)}); "
                           f"every call runs in a supervised worker process")
@@ -331,7 +494,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         config = ModelSettings(model=model, api_base=api_base, grammar=grammar == "on", prompt=prompt,
                                max_tokens=max_tokens, allow_tools=allow_tools)
         agent = _make_agent(config, backend, args, client)
-        finished = _drive(agent, args.task, transcript)
+        finished, interrupted = _drive(agent, args.task, transcript)
+    if interrupted:
+        return 130
     return 0 if finished is not None and finished.status == "completed" else 1
 
 
@@ -383,39 +548,63 @@ def _make_agent(settings: ModelSettings, backend: str, args: argparse.Namespace,
     if settings.allow_tools is not None:
         options["allow_tools"] = settings.allow_tools
     return create_agent(config, client, backend=backend, max_steps=args.max_steps, max_cost=args.max_cost,
-                        show_reasoning=args.show_reasoning, call_timeout=args.timeout, **options)
+                        max_tokens_total=args.max_tokens_total, show_reasoning=args.show_reasoning,
+                        call_timeout=args.timeout, **options)
 
 
-def _drive(agent: Any, task: str, transcript: Any) -> Any:
-    """Stream the run; the first Ctrl-C asks the agent to stop cleanly, the second aborts."""
+def _drive(agent: Any, task: str, transcript: Any) -> tuple[Any, bool]:
+    """Stream the run: ``(its Finished event, whether Ctrl-C stopped it)``. The first Ctrl-C stops
+    the agent (the model request in flight is abandoned, the tool call in flight is cancelled at the
+    executor, the run ends ``stopped``); the second exits at once."""
     interrupted = False
 
-    def on_sigint(signum: int, frame: Any) -> None:
+    def stop() -> None:
         nonlocal interrupted
-        if interrupted:
-            raise KeyboardInterrupt
         interrupted = True
-        transcript.notice("stopping after the current step (Ctrl-C again to abort)")
-        agent.stop("interrupted by the user")
+        transcript.notice("Ctrl-C: stopping; cancelling what is in flight (Ctrl-C again to exit at once)")
+        agent.stop("interrupted by the user (Ctrl-C)")
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
     finished = None
-    try:
+    with interruptible(stop):
         for event in agent.stream(task):
             transcript.show(event)
             if type(event).__name__ == "Finished":
                 finished = event
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    return finished
+    return finished, interrupted
+
+
+def _setup_logging(args: argparse.Namespace) -> None:
+    """Log records on stderr with timestamps; the level from --log-level, -v or CIAYN_LOG_LEVEL."""
+    level = args.log_level or os.environ.get("CIAYN_LOG_LEVEL", "").lower() or None
+    if level is not None and level not in LOG_LEVELS:
+        raise UserError(f"CIAYN_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
+    if level is None and args.verbose:
+        level = "info" if args.verbose == 1 else "debug"
+    args.log_level = level
+    logging.basicConfig(stream=sys.stderr, level=(level or "warning").upper(),
+                        format="%(asctime)s ciayn[%(process)d] %(levelname)s %(name)s: %(message)s")
+
+
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices[command]
+            return found
+    raise KeyError(command)
 
 
 def main(argv: list[str] | None = None) -> int:
+    from controller.config import ConfigError, apply, read_layers
+
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"run": cmd_run, "call": cmd_call, "tools": cmd_tools}
     try:
-        check_executor_args(args)
+        _setup_logging(args)
+        try:
+            args.sources = apply(args, _command_parser(parser, args.command), read_layers())
+        except ConfigError as e:
+            raise UserError(str(e)) from None
         return handlers[args.command](args)
     except UserError as e:
         print(f"ciayn: {e}", file=sys.stderr)

@@ -12,8 +12,10 @@ import base64
 import dataclasses
 import json
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
 from protocol import Result
@@ -35,15 +37,38 @@ def _json_default(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class Event:
-    """Base of every step event. ``KIND`` names it in JSON."""
+    """Base of every step event. ``KIND`` names it in JSON; ``at`` is when it happened (Unix
+    seconds; JSON shows it as an ISO 8601 UTC timestamp ``ts``). ``at`` is not compared."""
 
     KIND: ClassVar[str] = "event"
+    at: float = field(default_factory=time.time, kw_only=True, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"event": self.KIND, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "at"}
+        stamp = datetime.fromtimestamp(self.at, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return {"event": self.KIND, "ts": stamp, **fields}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), default=_json_default, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class StepStarted(Event):
+    """A step begins: its model request is about to be sent (the transcript's step header)."""
+
+    KIND: ClassVar[str] = "step"
+    step: int
+
+
+@dataclass(frozen=True)
+class ModelRetry(Event):
+    """A model request failed in a way worth retrying; the next attempt follows after ``delay_s``."""
+
+    KIND: ClassVar[str] = "model_retry"
+    step: int
+    attempt: int
+    delay_s: float
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -87,6 +112,7 @@ class ToolResultEvent(Event):
     wall_s: float | None = None
     peak_rss_kb: int | None = None
     value: Any = None
+    value_is_repr: bool = False  # the tool returned an object that is not data: ``value`` is its repr()
 
     @classmethod
     def from_result(cls, step: int, tool: str, result: Result) -> ToolResultEvent:
@@ -106,6 +132,7 @@ class ToolResultEvent(Event):
             wall_s=stats.wall_s if stats else None,
             peak_rss_kb=stats.peak_rss_kb if stats else None,
             value=result.value,
+            value_is_repr=result.value_is_repr,
         )
 
 
@@ -162,7 +189,9 @@ class Finished(Event):
     cost: float = 0.0
 
 
-StepEvent = ModelText | ToolCallEvent | ToolResultEvent | Rejected | Usage | Notice | Finished
+StepEvent = (
+    StepStarted | ModelRetry | ModelText | ToolCallEvent | ToolResultEvent | Rejected | Usage | Notice | Finished
+)
 
 
 def summarize(result: Result) -> str:
@@ -234,12 +263,18 @@ class Tally:
 
     # Run endings both backends share, so a limit or a signal reads the same whatever the backend.
 
-    def limit_reached(self, max_steps: int, max_cost: float | None) -> Finished | None:
-        """The ``Finished`` event for a step or cost limit reached before the next model request."""
+    def limit_reached(
+        self, max_steps: int, max_cost: float | None, max_tokens_total: int | None = None
+    ) -> Finished | None:
+        """The ``Finished`` event for a step, cost or token limit reached before the next model request."""
         if self.steps >= max_steps:
             return self.finished("stopped", f"the step limit ({max_steps}) was reached before the task was completed")
         if max_cost is not None and self.cost >= max_cost:
             return self.finished("stopped", f"the cost limit (${max_cost:.4f}) was reached: ${self.cost:.4f} spent")
+        if max_tokens_total is not None and self.tokens >= max_tokens_total:
+            return self.finished(
+                "stopped", f"the token limit ({max_tokens_total}) was reached: {self.tokens} tokens used"
+            )
         return None
 
     def ending(self, tool: str, result: Result) -> Finished | None:
@@ -270,22 +305,30 @@ def final_event(events: Iterable[StepEvent]) -> Finished:
 
 class StreamingAgent:
     """What both backends share: a thread-safe stop flag, and ``stream``/``run`` over the run's
-    step events. A backend implements ``_events(task)``, checking ``_stop`` between steps."""
+    step events. A backend implements ``_events(task)``; ``controller.run.RunSkeleton`` checks
+    ``_stop`` between steps and while a model request or a tool call is in flight."""
 
     def __init__(self) -> None:
         self._stop = threading.Event()
         self._stop_reason = ""
 
     def stop(self, reason: str = "stopped by the user") -> None:
-        """Ask a running ``stream`` to end (thread-safe): it finishes with status ``stopped`` before
-        its next model request, and calls not yet sent are not sent."""
+        """Ask a running ``stream`` to end (thread-safe): the model request in flight is abandoned,
+        the tool call in flight is cancelled at the executor, calls not yet sent are not sent, and
+        the run finishes with status ``stopped``. A stop that arrives before ``stream`` starts is
+        kept: that run ends at once (RA.Aid cleared it, losing a stop from another thread)."""
         self._stop_reason = reason
         self._stop.set()
 
     def stream(self, task: Any) -> Iterator[StepEvent]:
         """Run ``task`` (text, or initial messages) and yield step events; the last is ``Finished``."""
-        self._stop.clear()
-        return self._events(task)
+        return self._consume_stop(self._events(task))
+
+    def _consume_stop(self, events: Iterator[StepEvent]) -> Iterator[StepEvent]:
+        for event in events:
+            if isinstance(event, Finished) and event.status == "stopped" and self._stop.is_set():
+                self._stop.clear()  # this run honoured it; the next one starts afresh
+            yield event
 
     def run(self, task: Any) -> Finished:
         """Run to the end and return the ``Finished`` event."""

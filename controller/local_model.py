@@ -177,6 +177,7 @@ class LocalModelServer:
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent(),  # only prctl runs in the child, so fork-safety holds
+                start_new_session=True,  # Ctrl-C at the terminal is for ciayn, which stops the server itself
                 close_fds=True,
             )
             self._wait_ready()
@@ -231,6 +232,14 @@ class LocalModelServer:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+    def kill(self) -> None:
+        """Kill the server at once, without waiting (a second Ctrl-C), and remove its files."""
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.kill()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> LocalModelServer:
         return self.start()

@@ -14,6 +14,7 @@ switches: importing litellm otherwise fetches a cost map from the network.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import random
@@ -21,7 +22,7 @@ import re
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -57,7 +58,26 @@ _TRANSIENT_NAMES = {
 # litellm reports a missing API key as a 500; it is not transient.
 _CREDENTIAL_HINTS = ("missing credentials", "api_key client option must be set", "no api key")
 
+_CONNECTION_NAMES = {"APIConnectionError", "ConnectError", "ConnectionError", "ConnectTimeout"}
+ENDPOINT_CHECK_S = 3.0  # the pre-flight request to a model server's /models
+
 _litellm_lock = threading.Lock()
+_observer = threading.local()  # the retry callback of the thread making a request (observe_retries)
+
+RetryCallback = Callable[[int, float, str], None]
+"""Called before each retry wait: ``(attempt that failed, seconds until the next, reason)``."""
+
+
+@contextlib.contextmanager
+def observe_retries(callback: RetryCallback) -> Iterator[None]:
+    """Within the block, ``with_retries`` on this thread reports each retry to ``callback`` (the
+    agents turn it into a ``ModelRetry`` event: the status line and the transcript show it)."""
+    previous = getattr(_observer, "callback", None)
+    _observer.callback = callback
+    try:
+        yield
+    finally:
+        _observer.callback = previous
 
 
 def import_litellm() -> Any:
@@ -273,19 +293,36 @@ def _one_paragraph(text: str) -> str:
     return text
 
 
-def model_error(exc: BaseException, model: str, *, attempts: int = 1) -> ModelError:
-    """A ``ModelError`` explaining ``exc`` (a provider or litellm exception) to the operator."""
+def _is_connection_error(exc: BaseException, detail: str) -> bool:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return bool(names & _CONNECTION_NAMES) or "connection error" in detail.lower()
+
+
+def model_error(exc: BaseException, model: str, *, attempts: int = 1, api_base: str | None = None) -> ModelError:
+    """A ``ModelError`` explaining ``exc`` (a provider or litellm exception) to the operator, naming
+    the server's URL (``api_base``) when the request went to one."""
     status = getattr(exc, "status_code", None)
     status = status if isinstance(status, int) else None
     detail = _one_paragraph(str(exc)) or type(exc).__name__
     name = type(exc).__name__
     lowered = detail.lower()
     hint = ""
-    if any(h in lowered for h in _CREDENTIAL_HINTS) or name in ("AuthenticationError", "PermissionDeniedError"):
+    credentials = any(h in lowered for h in _CREDENTIAL_HINTS)
+    if credentials or name in ("AuthenticationError", "PermissionDeniedError"):
+        if credentials:
+            status, name = None, "missing API key"  # litellm reports it as a 500: it is not the server's
         hint = (
             " Set the provider's API key in its usual environment variable (for example OPENAI_API_KEY "
             "or ANTHROPIC_API_KEY) or pass an API key explicitly."
         )
+    elif _is_connection_error(exc, detail):
+        where = f"the model server at {api_base}" if api_base else f"the provider of {model}"
+        hint = (
+            f" Could not connect to {where}: check that it is running and that the URL is right "
+            "(--api-base, CIAYN_API_BASE)."
+        )
+        if status == 500:
+            status = None  # litellm wraps a refused connection as a 500; no server answered
     elif name == "NotFoundError" or "provider not provided" in lowered or "not mapped" in lowered:
         hint = (
             " Check the model name: litellm expects 'provider/model', for example openai/gpt-4o-mini, "
@@ -296,8 +333,9 @@ def model_error(exc: BaseException, model: str, *, attempts: int = 1) -> ModelEr
     transient = is_transient(exc)
     where = f"HTTP {status}, " if status else ""
     tries = f" after {attempts} attempts" if attempts > 1 else ""
+    url = f" to {api_base}" if api_base else ""
     return ModelError(
-        f"The model {model!r} request failed{tries} ({where}{name}): {detail}{hint}",
+        f"The model {model!r} request{url} failed{tries} ({where}{name}): {detail}{hint}",
         transient=transient,
         status=status,
     )
@@ -311,10 +349,13 @@ def with_retries(
     base_s: float = RETRY_BASE_S,
     cap_s: float = RETRY_CAP_S,
     sleep: Callable[[float], None] = time.sleep,
+    api_base: str | None = None,
 ) -> Any:
     """Run ``request``; on a transient error wait ``min(cap, base * 2**n)`` (plus up to 10% jitter)
     and try again, at most ``retries`` more times. Anything else, or the last transient error,
-    raises ``ModelError``. A ``ModelError`` raised by ``request`` passes through unchanged."""
+    raises ``ModelError``. A ``ModelError`` raised by ``request`` passes through unchanged. A
+    connection that is refused outright is retried once at most: a server that is down stays down
+    for the seconds a backoff waits. Each retry is reported to ``observe_retries``' callback."""
     attempt = 0
     while True:
         try:
@@ -323,10 +364,14 @@ def with_retries(
             raise
         except Exception as e:
             attempt += 1
-            if not is_transient(e) or attempt > retries:
-                raise model_error(e, model, attempts=attempt) from e
-            delay = min(cap_s, base_s * 2 ** (attempt - 1))
-            sleep(delay * (1 + random.random() / 10))
+            refused = "connection refused" in str(e).lower() or isinstance(e, ConnectionRefusedError)
+            if not is_transient(e) or attempt > (min(retries, 1) if refused else retries):
+                raise model_error(e, model, attempts=attempt, api_base=api_base) from e
+            delay = min(cap_s, base_s * 2 ** (attempt - 1)) * (1 + random.random() / 10)
+            callback = getattr(_observer, "callback", None)
+            if callback is not None:
+                callback(attempt, delay, _one_paragraph(f"{type(e).__name__}: {e}")[:200])
+            sleep(delay)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,8 +431,69 @@ def complete(
         retries=config.retries,
         base_s=config.retry_base_s,
         cap_s=config.retry_cap_s,
+        api_base=config.api_base,
     )
     return reply
+
+
+# ---------------------------------------------------------------------------------------------
+# Pre-flight checks: find a wrong URL, a server that is down or a missing key before the first step
+
+
+def check_endpoint(config: ModelConfig, timeout: float = ENDPOINT_CHECK_S) -> str | None:
+    """A paragraph saying why ``config``'s model cannot be reached, or None when it looks reachable.
+
+    With an ``api_base``: ``GET <api_base>/models`` must answer within ``timeout`` (any HTTP answer
+    means a server is there; an authentication failure is reported). Without one: the provider's
+    API key must be in the environment (litellm's offline ``validate_environment``). Never raises."""
+    if config.api_base:
+        import httpx
+
+        url = config.api_base.rstrip("/") + "/models"
+        headers = {}
+        key = config.litellm_kwargs().get("api_key")
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        try:
+            response = httpx.get(url, timeout=timeout, headers=headers)
+        except httpx.HTTPError as e:
+            reason = _one_paragraph(str(e)) or type(e).__name__
+            return (
+                f"The model server at {config.api_base} cannot be reached ({type(e).__name__}: {reason}). "
+                "Start the server, or pass the right URL with --api-base (or CIAYN_API_BASE); an "
+                "OpenAI-compatible server's URL usually ends in /v1."
+            )
+        except Exception as e:  # a URL httpx refuses outright
+            return f"The model server URL {config.api_base!r} cannot be used: {e}. It looks like http://host:port/v1."
+        if response.status_code in (401, 403):
+            return (
+                f"The model server at {config.api_base} refused the API key (HTTP {response.status_code}). "
+                "Pass the key it expects (OPENAI_API_KEY for an openai/ model)."
+            )
+        return None
+    if config.api_key:
+        return None
+    try:
+        found = import_litellm().validate_environment(model=config.model)
+    except Exception:
+        return None  # litellm cannot tell for this provider: let the request say
+    missing = [str(k) for k in found.get("missing_keys") or []]
+    if found.get("keys_in_environment") or not missing:
+        return None
+    return (
+        f"The model {config.model!r} needs {' and '.join(missing)} in the environment, which is not set. "
+        f"Export it (export {missing[0]}=...), or use a local server with --api-base."
+    )
+
+
+def price_known(model: str) -> bool:
+    """Whether litellm has a price for ``model`` (else ``--max-cost`` cannot be enforced: every
+    reply counts as free)."""
+    try:
+        info = import_litellm().get_model_info(model)
+    except Exception:
+        return False
+    return bool(info.get("input_cost_per_token") or info.get("output_cost_per_token"))
 
 
 class LiteLLMModel:

@@ -24,10 +24,9 @@ is made, so ``import controller`` stays light.
 
 from __future__ import annotations
 
-import itertools
+import collections
 import json
 import threading
-import uuid
 import warnings
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -48,7 +47,7 @@ from langgraph.prebuilt import ToolNode, create_react_agent
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 
 from controller import prompts
-from controller.ciayn import DEFAULT_MAX_STEPS, ToolClient
+from controller.ciayn import DEFAULT_MAX_STEPS
 from controller.events import (
     Finished,
     ModelText,
@@ -56,7 +55,6 @@ from controller.events import (
     Rejected,
     StepEvent,
     StreamingAgent,
-    Tally,
     ToolCallEvent,
     ToolResultEvent,
 )
@@ -73,7 +71,9 @@ from controller.models import (
     split_content,
     with_retries,
 )
-from protocol import Call, Result, ToolSpec
+from controller.run import Abandoned, RunSkeleton, call_until_stopped
+from controller.toolclient import ToolClient
+from protocol import Call, Result, ToolSpec, fingerprint
 
 TokenCounter = Callable[[Sequence[BaseMessage]], int]
 Pricer = Callable[[AIMessage], float]
@@ -112,38 +112,56 @@ def tool_message_text(result: Result) -> str:
     return f"Error: {text[:1].upper()}{text[1:]}."
 
 
+def _plan_key(tool: str, arguments: Mapping[str, Any]) -> str:
+    return json.dumps([tool, arguments], sort_keys=True, default=repr)
+
+
 class ExecutorBridge:
-    """The per-run link from tool proxies to the executor: gives every call a fresh id (a call id runs
-    at most once, so ids must never repeat, whatever ids the model gives its tool calls), applies the
-    call timeout, and refuses new calls once the run is stopping. Thread-safe: LangGraph runs the
-    calls of one step in parallel threads."""
+    """The per-run link from tool proxies to the executor: gives every call a fresh id from the run
+    (a call id runs at most once, so ids must never repeat, whatever ids the model gives its tool
+    calls), applies the call timeout, refuses the calls the run decided not to run (``refuse``), and
+    cancels a call in flight when the run is stopped. Thread-safe: LangGraph runs the calls of one
+    step in parallel threads."""
 
     def __init__(
         self,
         client: ToolClient,
+        run: RunSkeleton | None = None,
         *,
         call_timeout: float | None = None,
         stopping: threading.Event | None = None,
-        run_id: str | None = None,
     ) -> None:
         self.client = client
+        self.run = run or RunSkeleton(agent=None, task=None)  # a bridge of its own: ids only
         self.call_timeout = call_timeout
         self.stopping = stopping or threading.Event()
-        self.run_id = run_id or uuid.uuid4().hex  # ids are keys in the executor's cache, shared by all clients
-        self._serial = itertools.count(1)
+        self._refusals: dict[str, collections.deque[str | None]] = {}
         self._lock = threading.Lock()
 
-    def next_id(self) -> str:
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    def plan(self, decisions: Sequence[tuple[str, Mapping[str, Any], str | None]]) -> None:
+        """This step's calls, in order: ``(tool, arguments, refusal or None)``. A proxy whose call
+        matches a refused entry answers with the refusal instead of running it."""
         with self._lock:
-            return f"{self.run_id}-{next(self._serial)}"
+            self._refusals = {}
+            for tool, arguments, refusal in decisions:
+                self._refusals.setdefault(_plan_key(tool, arguments), collections.deque()).append(refusal)
+
+    def _refusal(self, tool: str, arguments: Mapping[str, Any]) -> str | None:
+        with self._lock:
+            queue = self._refusals.get(_plan_key(tool, arguments))
+            return queue.popleft() if queue else None
 
     def call(self, spec: ToolSpec, arguments: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         """Run one tool call in the executor: ``(text for the model, the Result as a plain dict)``."""
-        call = call_from_arguments(spec, arguments).model_copy(update={"id": self.next_id()})
-        if self.stopping.is_set():
-            result = Result.failure(call.id or "", "cancelled", "the run was stopped before this call was sent")
-        else:
-            result = self.client.call(call, timeout=self.call_timeout)
+        call = self.run.with_id(call_from_arguments(spec, arguments))
+        refusal = self._refusal(spec.name, arguments)
+        if refusal is not None:
+            return refusal, Result.failure(call.id or "", "rejected", refusal).model_dump()
+        result = call_until_stopped(self.client, call, self.call_timeout, self.stopping)
         return tool_message_text(result), result.model_dump()
 
 
@@ -303,7 +321,10 @@ class _StopRequested(Exception):
 class ReactAgent(StreamingAgent):
     """A ReAct agent over one LangChain chat model (with tool calling) and one executor client.
 
-    ``max_steps`` bounds model requests; ``max_cost`` (dollars) stops the run once spent.
+    ``max_steps`` bounds model requests; ``max_cost`` (dollars) stops the run once spent (only for
+    models litellm has a price for); ``max_tokens_total`` stops it once that many tokens are used.
+    Tools flagged ``no_repeat`` are not run again with the arguments of the last successful call, and
+    of several calls in one reply only the first runs unless all are ``bundleable`` (as in CIAYN).
     ``max_input_tokens`` is the token budget of the messages sent to the model (None: no trimming);
     ``count_tokens`` counts it (default: a byte estimate). ``call_timeout`` overrides the executor's
     per-call timeout (seconds). ``tool_choice`` is passed to ``bind_tools`` (e.g. ``"required"`` for
@@ -318,6 +339,7 @@ class ReactAgent(StreamingAgent):
         *,
         max_steps: int = DEFAULT_MAX_STEPS,
         max_cost: float | None = None,
+        max_tokens_total: int | None = None,
         max_input_tokens: int | None = None,
         count_tokens: TokenCounter | None = None,
         call_timeout: float | None = None,
@@ -335,6 +357,7 @@ class ReactAgent(StreamingAgent):
         self.client = client
         self.max_steps = max_steps
         self.max_cost = max_cost
+        self.max_tokens_total = max_tokens_total
         self.max_input_tokens = max_input_tokens
         self.count_tokens = count_tokens or estimate_message_tokens
         self.call_timeout = call_timeout
@@ -368,57 +391,58 @@ class ReactAgent(StreamingAgent):
 
 
 @dataclass
-class _ReactRun:
+class _ReactRun(RunSkeleton):
     """The state of one ``stream``: kept apart from the agent so runs never share it."""
 
     agent: ReactAgent
-    task: str | Sequence[Any]
-    tally: Tally = field(default_factory=Tally)
-    specs: dict[str, ToolSpec] = field(default_factory=dict)
     budget: int | None = None
     dropped: int = 0  # messages left out of the latest model request
     trim_noticed: bool = False
     pending_input: dict[str, Any] | None = None
-    pending_note: str | None = None  # feedback on unparsable calls, added after the step's results
+    pending_note: str | None = None  # feedback on calls not run, added after the step's results
     calls: list[Any] = field(default_factory=list)  # the tool calls of the latest reply
     graph: Any = None
     config: dict[str, Any] = field(default_factory=dict)
+    bridge: ExecutorBridge | None = None
 
     def events(self) -> Generator[StepEvent, None, None]:
         a = self.agent
-        try:
-            specs = list(a.client.tools())
-        except Exception as e:  # the client's own failure, explained for the operator
-            yield self.tally.finished("failed", f"could not list the executor's tools: {e}")
+        failed = self.list_tools()
+        if failed is not None:
+            yield failed
             return
-        self.specs = {s.name: s for s in specs}
-        bridge = ExecutorBridge(a.client, call_timeout=a.call_timeout, stopping=a._stop)
-        tools = make_tools(specs, bridge)
+        specs = self.specs
+        self.bridge = ExecutorBridge(a.client, self, call_timeout=a.call_timeout, stopping=a._stop)
+        tools = make_tools(specs, self.bridge)
         if a.max_input_tokens is not None:
             schemas = [{"content": json.dumps(s.parameters) + s.doc + s.name} for s in specs]
             self.budget = int(a.max_input_tokens * (1.0 - TOKEN_HEADROOM)) - estimate_tokens(schemas)
         self.graph = self._build_graph(tools)
-        self.config = {"configurable": {"thread_id": f"react-{bridge.run_id}"}}
+        self.config = {"configurable": {"thread_id": f"react-{self.run_id}"}}
         self.pending_input = {"messages": self._initial_messages(specs)}
 
         while True:
-            finished = self._limit_reached()
+            finished = self.limit_reached()
             if finished is not None:
                 yield finished
                 return
-            self.tally.steps += 1
-            step = self.tally.steps
+            started = self.begin_step()
+            step = started.step
+            yield started
             outcome = yield from self._model_step(step)
             if outcome is not None:
                 yield outcome
                 return
             if a._stop.is_set():  # asked to stop while the model was answering: send nothing
-                yield self.tally.finished("stopped", a._stop_reason or "stopped")
+                yield self.stopped()
                 return
             if "tools" in self.graph.get_state(self.config).next:
                 outcome = yield from self._tools_step(step)
                 if outcome is not None:
                     yield outcome
+                    return
+                if a._stop.is_set():
+                    yield self.stopped()
                     return
 
     # ------------------------------------------------------------------ set-up
@@ -466,12 +490,6 @@ class _ReactRun:
             kept = [*_with_trim_note(kept[0], self.dropped), *kept[1:]]
         return kept
 
-    def _limit_reached(self) -> Finished | None:
-        a = self.agent
-        if a._stop.is_set():
-            return self.tally.finished("stopped", a._stop_reason or "stopped")
-        return self.tally.limit_reached(a.max_steps, a.max_cost)
-
     # ------------------------------------------------------------------ one step
 
     def _segment(self) -> list[dict[str, Any]]:
@@ -488,18 +506,23 @@ class _ReactRun:
         """One model request: its text, usage and calls as events; a Finished when the run ends."""
         a = self.agent
         try:
-            updates = with_retries(
-                self._segment,
-                model=a.model_name,
-                retries=a.retries,
-                base_s=a.retry_base_s,
-                cap_s=a.retry_cap_s,
-                sleep=self._backoff,
+            updates = yield from self.await_model(
+                step,
+                lambda: with_retries(
+                    self._segment,
+                    model=a.model_name,
+                    retries=a.retries,
+                    base_s=a.retry_base_s,
+                    cap_s=a.retry_cap_s,
+                    sleep=self._backoff,
+                ),
             )
         except _StopRequested:
-            return self.tally.finished("stopped", a._stop_reason or "stopped")
+            return self.stopped()
         except ModelError as e:
             return self.tally.finished("failed", str(e))
+        if isinstance(updates, Abandoned):
+            return self.stopped()
         replies = [m for m in _messages(updates, "agent") if isinstance(m, AIMessage)]
         if not replies:
             return self.tally.finished("failed", f"the model {a.model_name!r} returned no message")
@@ -522,18 +545,35 @@ class _ReactRun:
             cost = a.price(reply) if a.price is not None else 0.0
         yield self.tally.add_usage(step, int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0)), cost)
 
+        decisions: list[tuple[str, Mapping[str, Any], str | None]] = []
+        planned: list[Call] = []
         for tc in reply.tool_calls:
-            spec = self.specs.get(tc["name"])
+            spec = self.tools.get(tc["name"])
             if spec is None:
                 call = Call(tool=tc["name"], kwargs=dict(tc["args"]))
                 yield Rejected(
                     step=step,
                     text=prompts.format_call(call),
-                    message=f"there is no tool named {tc['name']!r}; the tools are: {', '.join(self.specs)}",
+                    message=f"there is no tool named {tc['name']!r}; the tools are: {', '.join(self.tools)}",
                     code="unknown_tool",
                 )
                 continue
             call = call_from_arguments(spec, tc["args"])
+            planned.append(call)
+            refusal = self.bundle_refusals(planned).get(len(planned) - 1)
+            code = "bundle"
+            if refusal is None:
+                refusal = self.repeat_refusal(call)
+                if refusal is None and spec.no_repeat and any(
+                    prior.tool == call.tool and fingerprint(prior, spec) == fingerprint(call, spec)
+                    for prior in planned[:-1]
+                ):
+                    refusal = prompts.repeat(call)
+                code = "repeat"
+            decisions.append((tc["name"], tc["args"], refusal))
+            if refusal is not None:
+                yield Rejected(step=step, text=prompts.format_call(call), message=refusal, code=code)
+                continue
             yield ToolCallEvent(
                 step=step,
                 call_id=tc.get("id") or "",
@@ -542,6 +582,8 @@ class _ReactRun:
                 kwargs=dict(call.kwargs),
                 text=prompts.format_call(call),
             )
+        assert self.bridge is not None
+        self.bridge.plan(decisions)
         if reply.invalid_tool_calls:
             # Calls whose arguments did not parse were never dispatched (and are not sent back to the
             # provider): tell the model in a user message and let it try again.
@@ -577,13 +619,18 @@ class _ReactRun:
         ending: Finished | None = None
         for message in messages:
             result = result_of(message)
-            if result is None:
-                continue  # LangGraph's answer to an unknown tool name, already reported as Rejected
+            if result is None or (result.error is not None and result.error.kind == "rejected"):
+                continue  # an unknown tool name, or a call the run refused: already reported as Rejected
             self.tally.add_result(result)
             yield replace(ToolResultEvent.from_result(step, message.name or "", result), call_id=message.tool_call_id)
-            for signal in result.signals:
-                if signal.kind == "note":
-                    yield Notice(f"{message.name}: {signal.message}")
+            spec = self.tools.get(message.name or "")
+            if spec is not None:
+                sent = (tc["args"] for tc in self.calls if tc.get("id") == message.tool_call_id)
+                args: Mapping[str, Any] = next(sent, {})
+                self.record(call_from_arguments(spec, args), result)
+            if self.stopping.is_set() and result.error is not None and result.error.kind == "cancelled":
+                yield Notice(f"Cancelled {message.name} (call {result.id}) at the executor.")
+            yield from self.notes(message.name or "", result)
             if ending is None:
                 ending = self.tally.ending(message.name or "", result)
         if self.pending_note is not None:

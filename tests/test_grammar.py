@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 
 from protocol import CallRejected, ToolSpec, fingerprint, parse_call, parse_calls, strip_markup
-from protocol.grammar import EXPECTED_SHAPE, MAX_CALLS
-from protocol.grammar import parse_reply
+from protocol.grammar import EXPECTED_SHAPE, MAX_CALLS, parse_reply
 from protocol.spec import NO_DOC, BindError, ToolDefinitionError
 
 # -- Valid forms --------------------------------------------------------------------------------------
@@ -446,7 +445,8 @@ def test_spec_with_an_unresolvable_annotation_is_refused_naming_tool_and_paramet
     def odd(a: int, b: itn) -> None:  # type: ignore[name-defined]  # noqa: F821
         """Odd."""
 
-    with pytest.raises(ToolDefinitionError, match=r"tool odd: the annotation of parameter 'b' \('itn'\) does not resolve"):
+    refused = r"tool odd: the annotation of parameter 'b' \('itn'\) does not resolve"
+    with pytest.raises(ToolDefinitionError, match=refused):
         ToolSpec.from_function(odd)
 
 

@@ -11,6 +11,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -164,32 +165,25 @@ def test_a_run_survives_a_timeout_and_a_crash_mid_run_and_completes(make_client:
     assert (workspace / "calls.log").read_text() == "complete all done\n"
 
 
-def test_parallel_calls_in_one_reply_all_run_and_all_results_go_back(make_client: Any, tmp_path: Path) -> None:
-    client = make_client(tools=[FAULTY], workers=2)
-    log = tmp_path / "parallel.log"
+def test_parallel_calls_of_bundleable_tools_all_run_and_all_results_go_back(
+    make_client: Any, workspace: Path
+) -> None:
+    client = make_client(tools=[CIAYN_TOOLS], workers=2, workspace=workspace)
     model = ScriptedChat(
         script=[
-            calls(
-                ("append_line", {"path": str(log), "text": "a"}),
-                ("append_line", {"path": str(log), "text": "b"}),
-                ids=["first", "second"],
-            ),
+            calls(("append_line", {"text": "a"}), ("append_line", {"text": "b"}), ids=["first", "second"]),
             say("both lines written"),
         ]
     )
     events = run(ReactAgent(model, client))
 
-    assert sorted(log.read_text().split()) == ["a", "b"]  # both ran, in the executor
+    assert sorted((workspace / "calls.log").read_text().split()) == ["a", "b"]  # both ran, in the executor
     assert [c.call_id for c in of(ToolCallEvent, events)] == ["first", "second"]
-    assert [c.text for c in of(ToolCallEvent, events)] == [
-        f"append_line(path={str(log)!r}, text='a')",
-        f"append_line(path={str(log)!r}, text='b')",
-    ]
+    assert [c.text for c in of(ToolCallEvent, events)] == ["append_line(text='a')", "append_line(text='b')"]
     results = of(ToolResultEvent, events)
     assert [r.call_id for r in results] == ["first", "second"] and all(r.ok for r in results)
     fed_back = tool_messages(model.received[1])
     assert [m.tool_call_id for m in fed_back] == ["first", "second"]
-    assert {str(m.content) for m in fed_back} <= {"1", "2"}  # line counts (the calls may overlap)
     # Events come in order: the calls before their results.
     kinds = [type(e).__name__ for e in events if isinstance(e, ToolCallEvent | ToolResultEvent)]
     assert kinds == ["ToolCallEvent", "ToolCallEvent", "ToolResultEvent", "ToolResultEvent"]
@@ -198,11 +192,50 @@ def test_parallel_calls_in_one_reply_all_run_and_all_results_go_back(make_client
     assert (finished.status, finished.reason, finished.summary) == ("completed", FINAL_ANSWER, "both lines written")
 
 
-def test_repeated_tool_call_ids_from_the_model_still_run_each_call(make_client: Any) -> None:
+def test_of_parallel_calls_of_tools_not_bundleable_only_the_first_runs(make_client: Any, workspace: Path) -> None:
+    client = make_client(tools=[CIAYN_TOOLS], workspace=workspace)
+    model = ScriptedChat(
+        script=[
+            calls(("tick", {}), ("append_line", {"text": "b"}), ids=["first", "second"]),
+            say("done"),
+        ]
+    )
+    events = run(ReactAgent(model, client))
+    assert (workspace / "ticks.log").read_text() == "tick\n"
+    assert not (workspace / "calls.log").exists()  # append_line is bundleable, but tick is not
+    assert [c.call_id for c in of(ToolCallEvent, events)] == ["first"]
+    [refused] = of(Rejected, events)
+    assert refused.code == "bundle" and "append_line(text='b') was not run" in refused.message
+    fed_back = tool_messages(model.received[1])
+    assert [m.tool_call_id for m in fed_back] == ["first", "second"]  # every call gets its answer
+    assert "Send it again in a reply of its own" in str(fed_back[1].content) and fed_back[1].status == "error"
+    assert events[-1].calls == 1  # type: ignore[attr-defined]
+
+
+def test_a_no_repeat_tool_is_not_rerun_with_the_same_arguments_defaults_applied(
+    make_client: Any, workspace: Path
+) -> None:
+    client = make_client(tools=[CIAYN_TOOLS], workspace=workspace)
+    model = ScriptedChat(
+        script=[
+            calls(("lookup", {"key": "k"})),
+            calls(("lookup", {"key": "k"})),
+            calls(("lookup", {"key": "other"})),
+            say("done"),
+        ]
+    )
+    events = run(ReactAgent(model, client))
+    assert (workspace / "calls.log").read_text().splitlines() == ["lookup k", "lookup other"]
+    [refused] = of(Rejected, events)
+    assert refused.code == "repeat" and "lookup(key='k') was not run" in refused.message
+    assert "was not run" in str(tool_messages(model.received[2])[-1].content)
+
+
+def test_repeated_tool_call_ids_from_the_model_still_run_each_call(make_client: Any, workspace: Path) -> None:
     """Some servers number tool calls per reply ("call_0" every time): the executor must still see a
     fresh call id each time, or it would answer from its at-most-once cache instead of running."""
-    client = make_client(tools=[FAULTY])
-    model = ScriptedChat(script=[calls(("counter", {})), calls(("counter", {})), say("counted")])
+    client = make_client(tools=[CIAYN_TOOLS], workspace=workspace)
+    model = ScriptedChat(script=[calls(("tick", {})), calls(("tick", {})), say("counted")])
     events = run(ReactAgent(model, client))
     assert [r.value for r in of(ToolResultEvent, events)] == [1, 2]
 
@@ -474,9 +507,17 @@ class RecordingClient:
     def __init__(self) -> None:
         self.sent: list[Call] = []
 
-    def call(self, call: Call, timeout: float | None = None) -> Result:
+    def submit(self, call: Call, timeout: float | None = None) -> Future[Result]:
         self.sent.append(call)
-        return Result(id=call.id or "", ok=True, value=call.kwargs)
+        done: Future[Result] = Future()
+        done.set_result(Result(id=call.id or "", ok=True, value=call.kwargs))
+        return done
+
+    def call(self, call: Call, timeout: float | None = None) -> Result:
+        return self.submit(call, timeout).result()
+
+    def cancel(self, call_id: str) -> None:
+        raise AssertionError("nothing is cancelled here")
 
 
 def test_the_proxy_passes_every_argument_name_through_to_the_call() -> None:

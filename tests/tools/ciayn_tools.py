@@ -48,6 +48,21 @@ def nap(seconds: float) -> str:
 
 
 @tool
+def tick() -> int:
+    """Count this call in ticks.log in the workspace; return how many calls there have been."""
+    path = workspace() / "ticks.log"
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("tick\n")
+    return len(path.read_text().splitlines())
+
+
+@tool
+def same() -> str:
+    """Return the same text every time."""
+    return "the same"
+
+
+@tool
 def segfault() -> None:
     """Kill this worker with SIGSEGV."""
     os.kill(os.getpid(), signal.SIGSEGV)
