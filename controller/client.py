@@ -2,22 +2,27 @@
 
 Callers submit calls from any thread and get ``Future[Result]``. The I/O thread sends them, pings
 the executor every ``HEARTBEAT_INTERVAL`` whether or not calls are in flight, and follows the Lazy
-Pirate pattern when the executor falls silent: it reconnects with a fresh socket and, once the
-executor answers again as the same incarnation, resends the calls in flight under their same ids
-(the executor answers duplicates from its cache and never runs a call twice); after
-``UNAVAILABLE_AFTER`` seconds of silence every call in flight is answered ``unavailable``. A call
-with no answer by its deadline plus ``DEADLINE_GRACE`` is answered ``timeout`` by the client (and
-cancelled on the executor). When the executor restarts (a new incarnation), calls that were in
+Pirate pattern when the executor falls silent: it reconnects with a fresh socket under the same
+routing id (so the executor's answers to calls sent before still reach it) and, once the executor
+answers again as the same incarnation, resends the calls in flight under their same ids (the
+executor never runs an id twice). After ``UNAVAILABLE_AFTER`` seconds of silence every call in
+flight is cancelled and answered ``unavailable``. A call's deadline is a bound: it is answered by its
+timeout plus ``DEADLINE_GRACE`` at the latest (``timeout``, and cancelled on the executor), whatever
+the executor reports meanwhile. When the executor restarts (a new incarnation), calls that were in
 flight may or may not have run: idempotent tools are resent, others are answered ``unavailable``
-saying so. A call that cannot be encoded is answered ``protocol`` at once. The client never raises
+saying so. A call that cannot be sent (not encodable, over the size or element budget, an invalid id
+or timeout) is answered at once without being sent. Nothing the executor sends can make the client
+wait longer than asked or hold more than one bounded message at a time. The client never raises
 on executor trouble, except ``tools()``, which has no result to carry the error and raises
 ``ExecutorUnavailable``.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import math
 import os
 import queue
 import threading
@@ -31,7 +36,6 @@ from typing import Any
 import zmq
 
 from protocol import (
-    MAX_FRAME_BYTES,
     Call,
     CallRejected,
     Cancel,
@@ -46,6 +50,9 @@ from protocol import (
     encode,
     parse_call,
 )
+from protocol.codec import valid_id
+from protocol.messages import ID_PATTERN, MAX_TIMEOUT_S
+from protocol.wire import bound_socket, ipc_owner_problem, ipc_path, recv_message
 
 log = logging.getLogger("ciayn.client")
 
@@ -53,7 +60,7 @@ HEARTBEAT_INTERVAL = 0.5  # seconds between pings
 SILENCE_BEFORE_RECONNECT = 2.0  # no message for this long: new socket, resend calls in flight
 UNAVAILABLE_AFTER = 6.0  # no message for this long: calls in flight are answered `unavailable`
 DEADLINE_GRACE = 2.0  # added to a call's timeout before the client answers `timeout` itself
-DEFAULT_TIMEOUT = 30.0  # a call's timeout when neither the call, the tool nor the executor says
+DEFAULT_TIMEOUT = 30.0  # a call's timeout when neither the call, the tool nor the executor says (validly)
 
 
 class ExecutorUnavailable(Exception):
@@ -66,10 +73,20 @@ class _Pending:
     future: Future[Result]
     deadline: float
     sent_incarnation: int | None
+    sent: bool = False  # handed to the socket at least once: the executor may have it
+
+
+def _valid_timeout(timeout: object) -> bool:
+    return isinstance(timeout, int | float) and not isinstance(timeout, bool) and math.isfinite(timeout) \
+        and 0 < timeout <= MAX_TIMEOUT_S
 
 
 class ExecutorClient:
-    """Client of one executor or broker endpoint. Thread-safe; a context manager."""
+    """Client of one executor or broker endpoint. Thread-safe; a context manager.
+
+    ``insecure=True`` allows an abstract ``ipc://@name`` endpoint, whose owner cannot be checked (any
+    local user can bind one first); an ``ipc://`` socket file owned by another user (not root) is
+    always refused (SPEC.md, Transport)."""
 
     def __init__(
         self,
@@ -79,14 +96,22 @@ class ExecutorClient:
         curve_server_key: bytes | None = None,
         curve_keys: tuple[bytes, bytes] | None = None,
         connect_timeout: float = 10.0,
+        insecure: bool = False,
     ) -> None:
-        if timeout is not None and not (0 < timeout < float("inf")):
-            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        if timeout is not None and not _valid_timeout(timeout):
+            raise ValueError(f"timeout must be a positive number of seconds up to {MAX_TIMEOUT_S:g}, not {timeout!r}")
+        if endpoint.startswith("ipc://@") and not insecure:
+            raise ValueError(f"cannot use executor endpoint {endpoint!r}: an abstract ipc socket has no owner to "
+                             "check (any local user may bind it first); use an ipc path in a private directory, "
+                             "or pass insecure=True")
         self.endpoint = endpoint
         self.default_timeout = timeout  # None: the executor's (or the tool's) own default
         self.connect_timeout = connect_timeout
         self._curve_server_key = curve_server_key
         self._curve_keys = curve_keys
+        # One routing id for every socket this client opens: after a reconnect the executor (ROUTER
+        # with handover) sends the answers to calls made on the old socket to the new one.
+        self._routing_id = b"c" + uuid.uuid4().bytes
         self._ctx = zmq.Context()
         try:  # an endpoint or key zmq refuses is the caller's error: say so here, not in the I/O thread
             self._new_socket().close(0)
@@ -94,6 +119,7 @@ class ExecutorClient:
             self._ctx.term()
             raise ValueError(f"cannot use executor endpoint {endpoint!r}: {e}") from None
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._outbox: collections.deque[tuple[list[bytes], str | None]] = collections.deque()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -134,15 +160,25 @@ class ExecutorClient:
         return self._alive and time.monotonic() - self._last_heard < SILENCE_BEFORE_RECONNECT
 
     def submit(self, call: Call, timeout: float | None = None) -> Future[Result]:
-        """Send a call; the future always resolves to a Result (never an exception)."""
+        """Send a call; the future always resolves to a Result (never an exception). A call with an
+        invalid id or timeout is answered at once (``protocol``, ``bad_arguments``), never sent."""
         future: Future[Result] = Future()
-        call = call.model_copy(update={"id": call.id or uuid.uuid4().hex})
+        if call.id and valid_id(call.id) is None:
+            future.set_result(Result.failure("", "protocol", f"the call was not sent: its id {call.id[:40]!r} is "
+                                             f"not a valid call id ({ID_PATTERN})"))
+            return future
+        cid = call.id or uuid.uuid4().hex
+        call = call.model_copy(update={"id": cid})
         if timeout is not None:
             call.timeout = timeout
         elif call.timeout is None and self.default_timeout is not None:
             call.timeout = self.default_timeout
+        if call.timeout is not None and not _valid_timeout(call.timeout):
+            future.set_result(Result.failure(cid, "bad_arguments", f"the call was not sent: its timeout "
+                                             f"{call.timeout!r} is not a number of seconds in (0, {MAX_TIMEOUT_S:g}]"))
+            return future
         if self._closed:
-            future.set_result(Result.failure(call.id or "", "unavailable", "the client is closed"))
+            future.set_result(Result.failure(cid, "unavailable", "the client is closed"))
             return future
         self._post("call", (call, future))
         return future
@@ -166,7 +202,9 @@ class ExecutorClient:
         return self.call(call, timeout)
 
     def cancel(self, call_id: str) -> None:
-        self._post("cancel", call_id)
+        """Ask the executor to stop a call this client sent; it is answered ``cancelled``."""
+        if valid_id(call_id) is not None:
+            self._post("cancel", call_id)
 
     def close(self) -> None:
         if self._closed:
@@ -192,11 +230,22 @@ class ExecutorClient:
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_w, b"x")
 
+    def _endpoint_problem(self) -> str:
+        """Why the endpoint must not be trusted right now ("" if it may): an ipc socket file of
+        another user, or in a directory others can write to."""
+        path = ipc_path(self.endpoint)
+        return ipc_owner_problem(path) if path else ""
+
     def _new_socket(self) -> zmq.Socket[bytes]:
+        problem = self._endpoint_problem()
+        if problem:
+            raise ValueError(problem)
         sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
         try:
             sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+            sock.setsockopt(zmq.ROUTING_ID, self._routing_id)
+            sock.setsockopt(zmq.SNDHWM, 0)  # the outbox below bounds nothing away: calls are the caller's
+            bound_socket(sock)
             if self._curve_server_key is not None:
                 public, secret = self._curve_keys or zmq.curve_keypair()
                 sock.curve_serverkey = self._curve_server_key
@@ -224,8 +273,8 @@ class ExecutorClient:
                 if op == "call":
                     call, future = arg
                     if not future.done():
-                        future.set_result(Result.failure(call.id or "", "unavailable",
-                                                         self._failed or "the client is closed"))
+                        why = self._failed or "the client is closed"
+                        future.set_result(Result.failure(call.id or "", "unavailable", why))
 
     def _loop(self) -> None:
         sock = self._new_socket()
@@ -242,50 +291,65 @@ class ExecutorClient:
                 wait = next_ping - now
                 for p in pending.values():
                     wait = min(wait, p.deadline - now)
+                poller.modify(sock, zmq.POLLIN | (zmq.POLLOUT if self._outbox else 0))
                 events = dict(poller.poll(max(0, int(wait * 1000) + 1)))
                 now = time.monotonic()
                 if self._wake_r in events:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
-                if not self._drain_inbox(sock, pending, now):
+                if not self._drain_inbox(pending, now):
                     break
-                if sock in events:
+                if sock in events and events[sock] & zmq.POLLIN:
                     self._receive(sock, pending)
                 if now >= next_ping:
-                    self._send(sock, Ping(nonce=int(now * 1000)))
+                    self._queue(Ping(nonce=int(now * 1000)))
                     next_ping = now + HEARTBEAT_INTERVAL
                 silence = now - self._last_heard
                 if silence > SILENCE_BEFORE_RECONNECT and now - last_reconnect > SILENCE_BEFORE_RECONNECT:
-                    # Lazy Pirate: a fresh socket, then the same calls again under the same ids.
-                    self._alive = False
-                    poller.unregister(sock)
-                    sock.close(0)
-                    sock = self._new_socket()
-                    poller.register(sock, zmq.POLLIN)
                     last_reconnect = now
-                    log.info("executor at %s silent for %.1fs; reconnected", self.endpoint, silence)
-                    # The calls are resent when the first answer shows the same executor is there
-                    # (_check_incarnation): a new one behind the endpoint must not get calls the old
-                    # one may have run, unless they are idempotent.
-                    self._resend_due = True
-                    self._send(sock, Hello(client="ciayn"))
-                if silence > UNAVAILABLE_AFTER:
-                    for cid in list(pending):
-                        self._resolve(pending, cid, Result.failure(
-                            cid, "unavailable",
-                            f"the executor at {self.endpoint} has not answered for {silence:.0f} s"))
+                    problem = self._endpoint_problem()
+                    if problem:  # someone else's socket now sits at the endpoint: do not talk to it
+                        log.error("%s", problem)
+                        self._give_up(pending, problem)
+                    else:
+                        # Lazy Pirate: a fresh socket (same routing id), then the same calls again under
+                        # the same ids once the same executor answers (_check_incarnation): a new one behind
+                        # the endpoint must not get calls the old one may have run, unless idempotent.
+                        self._alive = False
+                        poller.unregister(sock)
+                        sock.close(0)
+                        sock = self._new_socket()
+                        poller.register(sock, zmq.POLLIN)
+                        log.info("executor at %s silent for %.1fs; reconnected", self.endpoint, silence)
+                        self._resend_due = True
+                        self._queue(Hello(client="ciayn"))
+                if silence > UNAVAILABLE_AFTER and pending:
+                    self._give_up(pending, f"the executor at {self.endpoint} has not answered for {silence:.0f} s")
                 for cid, p in list(pending.items()):
                     if now >= p.deadline:
-                        self._send(sock, Cancel(id=cid))
+                        self._queue(Cancel(id=cid))
                         self._resolve(pending, cid, Result.failure(
                             cid, "timeout",
-                            f"no answer from the executor within the call's timeout plus {DEADLINE_GRACE:g} s"))
+                            f"no answer from the executor within the call's timeout plus {DEADLINE_GRACE:g} s; "
+                            + ("it was cancelled there" if p.sent else "it was never sent")))
+                self._flush(sock, pending)
         finally:
             for cid in list(pending):
                 self._resolve(pending, cid, Result.failure(cid, "cancelled", "the client was closed"))
             sock.close(0)
 
-    def _drain_inbox(self, sock: zmq.Socket[bytes], pending: dict[str, _Pending], now: float) -> bool:
+    def _give_up(self, pending: dict[str, _Pending], why: str) -> None:
+        """Answer every call in flight ``unavailable`` and cancel those the executor may hold, so that
+        none of them runs later unseen."""
+        for cid, p in list(pending.items()):
+            if p.sent:
+                self._queue(Cancel(id=cid))
+                message = f"{why}; the call may or may not have run (a cancel was sent)"
+            else:
+                message = f"{why}; the call was never sent"
+            self._resolve(pending, cid, Result.failure(cid, "unavailable", message))
+
+    def _drain_inbox(self, pending: dict[str, _Pending], now: float) -> bool:
         while True:
             try:
                 op, arg = self._inbox.get_nowait()
@@ -293,10 +357,11 @@ class ExecutorClient:
                 return True
             if op == "call":
                 call, future = arg
-                timeout = call.timeout or self._tool_timeout(call.tool) or DEFAULT_TIMEOUT
-                if call.id in pending:  # a caller reused an id: answer the newcomer from the same call
-                    pending[call.id].future.add_done_callback(_forward_to(future))
+                cid = call.id or ""  # submit() gave it one
+                if cid in pending:  # a caller reused an id: answer the newcomer from the same call
+                    pending[cid].future.add_done_callback(_forward_to(future))
                     continue
+                timeout = call.timeout or self._tool_timeout(call.tool)
                 silent_for = now - self._last_heard
                 deadline = now + timeout + DEADLINE_GRACE
                 if silent_for > UNAVAILABLE_AFTER:  # known dead: do not make the caller wait a full timeout
@@ -304,46 +369,57 @@ class ExecutorClient:
                 try:
                     frames = encode(call)
                 except ProtocolError as e:  # it can never be sent: say so now, not after the deadline
-                    future.set_result(Result.failure(call.id or "", "protocol", f"the call was not sent: {e}"))
+                    future.set_result(Result.failure(cid, "protocol", f"the call was not sent: {e}"))
                     continue
-                pending[call.id] = _Pending(call, future, deadline, self._incarnation)
-                self._send_frames(sock, frames)
+                pending[cid] = _Pending(call, future, deadline, self._incarnation)
+                self._outbox.append((frames, cid))
             elif op == "cancel":
-                self._send(sock, Cancel(id=arg))
+                self._queue(Cancel(id=arg))
             elif op == "hello":
-                self._send(sock, Hello(client="ciayn"))
+                self._queue(Hello(client="ciayn"))
             elif op == "close":
                 return False
 
-    def _tool_timeout(self, tool: str) -> float | None:
+    def _tool_timeout(self, tool: str) -> float:
+        """The timeout the executor applies to a call that gives none: the tool's, else the
+        executor's default; a value a (hostile or broken) executor sends outside (0, MAX_TIMEOUT_S]
+        counts as not given, so the client's bound stays finite and sane."""
         welcome = self._welcome
         if welcome is None:
-            return None
+            return DEFAULT_TIMEOUT
         spec = next((s for s in welcome.tools if s.name == tool), None)
-        if spec is not None and spec.timeout:
+        if spec is not None and spec.timeout and _valid_timeout(spec.timeout):
             return spec.timeout
-        return welcome.limits.timeout_s
+        timeout = welcome.limits.timeout_s
+        return timeout if _valid_timeout(timeout) else DEFAULT_TIMEOUT
 
-    def _send(self, sock: zmq.Socket[bytes], msg: Any) -> None:
+    def _queue(self, msg: Any) -> None:
         try:
-            frames = encode(msg)
+            self._outbox.append((encode(msg), None))
         except ProtocolError as e:
             log.error("cannot send %s: %s", msg.KIND, e)
-            return
-        self._send_frames(sock, frames)
 
-    @staticmethod
-    def _send_frames(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
-        try:
-            sock.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # nothing connected yet; heartbeats and resends cover it
+    def _flush(self, sock: zmq.Socket[bytes], pending: dict[str, _Pending]) -> None:
+        """Send what is queued, in order, until the socket would block; the rest waits for POLLOUT
+        (nothing is dropped: ``zmq.Again`` only means later). A call answered meanwhile is skipped."""
+        while self._outbox:
+            frames, call_id = self._outbox[0]
+            p = pending.get(call_id) if call_id is not None else None
+            if call_id is not None and p is None:
+                self._outbox.popleft()
+                continue
+            try:
+                sock.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._outbox.popleft()
+            if p is not None:
+                p.sent = True
 
     def _receive(self, sock: zmq.Socket[bytes], pending: dict[str, _Pending]) -> None:
         for _ in range(10_000):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            frames = recv_message(sock)
+            if frames is None:
                 return
             self._last_heard = time.monotonic()
             self._alive = True
@@ -351,6 +427,9 @@ class ExecutorClient:
                 msg = decode(frames)
             except ProtocolError as e:
                 log.warning("malformed message from the executor: %s", e)
+                if e.about == "result" and e.call_id in pending:  # it answers that call, unreadably
+                    self._resolve(pending, e.call_id, Result.failure(
+                        e.call_id, "protocol", f"the executor's answer could not be read: {e}"))
                 continue
             if isinstance(msg, Result):
                 if msg.id in pending:
@@ -358,45 +437,46 @@ class ExecutorClient:
                 elif msg.error is not None and msg.error.kind == "protocol":
                     log.warning("the executor rejected a message: %s", msg.error.message)
             elif isinstance(msg, Pong):
-                self._check_incarnation(msg.incarnation, sock, pending)
-                if msg.queued:
-                    # Calls wait in the executor's queue before their timeout starts there; the
-                    # client's backstop deadline must not run out meanwhile.
-                    for p in pending.values():
-                        p.deadline += HEARTBEAT_INTERVAL
+                if msg.error is not None:
+                    log.warning("the executor rejected a ping: %s", msg.error.message)
+                self._check_incarnation(msg.incarnation, pending)
             elif isinstance(msg, Welcome):
-                self._check_incarnation(msg.incarnation, sock, pending)
+                self._check_incarnation(msg.incarnation, pending)
                 self._welcome = msg
                 self._welcome_event.set()
 
-    def _check_incarnation(self, incarnation: int, sock: zmq.Socket[bytes], pending: dict[str, _Pending]) -> None:
+    def _check_incarnation(self, incarnation: int, pending: dict[str, _Pending]) -> None:
         if self._incarnation is None:
             self._incarnation = incarnation
             for p in pending.values():
                 p.sent_incarnation = incarnation
         if incarnation == self._incarnation:
-            if self._resend_due:  # Lazy Pirate: the same executor answers the resends from its cache
+            if self._resend_due:  # Lazy Pirate: the same executor never runs an id twice
                 self._resend_due = False
-                for p in pending.values():
-                    self._send(sock, p.call)
+                for cid, p in pending.items():
+                    self._resend(cid, p)
             return
         self._resend_due = False
         log.warning("the executor at %s restarted (incarnation %s -> %s)", self.endpoint, self._incarnation,
                     incarnation)
         self._incarnation = incarnation
-        self._send(sock, Hello(client="ciayn"))  # refresh the tool specs
+        self._queue(Hello(client="ciayn"))  # refresh the tool specs
         for cid, p in list(pending.items()):
             if p.sent_incarnation == incarnation:
                 continue
             spec = next((s for s in self._welcome.tools if s.name == p.call.tool), None) if self._welcome else None
             if spec is not None and spec.idempotent:
                 p.sent_incarnation = incarnation
-                self._send(sock, p.call)
+                self._resend(cid, p)
             else:
                 self._resolve(pending, cid, Result.failure(
                     cid, "unavailable",
                     "the executor restarted while the call was in flight; it may or may not have run, and "
                     "the tool is not idempotent, so it was not resent"))
+
+    def _resend(self, cid: str, p: _Pending) -> None:
+        if not any(queued_id == cid for _, queued_id in self._outbox):
+            self._outbox.append((encode(p.call), cid))
 
     @staticmethod
     def _resolve(pending: dict[str, _Pending], cid: str, result: Result) -> None:

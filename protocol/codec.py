@@ -2,66 +2,113 @@
 
 A message travels as three frames: ``[VERSION, kind, body]`` where ``body`` is the msgpack encoding of
 the message's fields. A ROUTER socket adds its routing identity in front; the socket owner strips it
-before calling ``decode``. ``decode`` trusts nothing: it bounds sizes, checks the version and the kind,
-refuses non-str map keys and validates the fields strictly. Whatever is wrong, it raises
-``ProtocolError`` (carrying an ``ErrorInfo`` of kind ``protocol`` the receiver can send back) and
-nothing else.
+before calling ``decode``. ``decode`` trusts nothing and bounds its work as well as its input: the
+body's bytes (``MAX_FRAME_BYTES``), each container's length, the elements of the whole body
+(``MAX_ELEMENTS``, counted while unpacking, so a body of millions of empty arrays is refused after the
+budget, not built), its nesting, its key types; no msgpack extension types; then the fields, strictly,
+ignoring unknown ones (compatible evolution within ``ciayn/1``). Whatever is wrong, it raises
+``ProtocolError`` and nothing else; the error already knows its reply (``reply()``), which carries the
+call's id or the ping's nonce whenever the body holds a readable one, wherever else it is broken.
 """
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
+from itertools import repeat
 from typing import Any
 
 import msgpack
 from pydantic import ValidationError
 
-from protocol.messages import BY_KIND, Body, ErrorInfo, Message, Result
-from protocol.values import ValueRefused, check_value
+from protocol.messages import (
+    BY_KIND,
+    ID_PATTERN,
+    MAX_TIMEOUT_S,
+    Body,
+    Call,
+    ErrorInfo,
+    ErrorKind,
+    Message,
+    Pong,
+    Result,
+)
+from protocol.values import (
+    CONTAINER_COST,
+    INT_MAX,
+    MAX_DEPTH,
+    MAX_ELEMENTS,
+    ElementBudget,
+    ValueRefused,
+    check_value,
+)
 
 VERSION = b"ciayn/1"
-MAX_FRAME_BYTES = 64 * 1024 * 1024  # a whole message body; sockets set ZMQ MAXMSGSIZE to this too
+MAX_FRAME_BYTES = 64 * 1024 * 1024  # a message body
 MAX_KIND_BYTES = 32
+MAX_MESSAGE_BYTES = MAX_FRAME_BYTES + 4096  # a whole message: version, kind, body and a routing identity
+# Sockets set ZMQ_MAXMSGSIZE (a per-frame limit libzmq enforces by dropping the connection) to this,
+# above MAX_MESSAGE_BYTES, so that a body somewhat over the cap reaches ``decode`` and gets a
+# ``protocol`` reply instead of a silent disconnect.
+SOCKET_MAX_FRAME_BYTES = 2 * MAX_FRAME_BYTES
+MAX_BODY_DEPTH = MAX_DEPTH + 2  # containers, counting the body map and a field's own value
 _KINDS = {k.encode(): k for k in BY_KIND}
+_ID_KINDS = ("call", "result")  # a readable id in these is echoed (a cancel's reply never carries one)
+_ID_CHARS = frozenset(range(0x21, 0x7F))
 
 
 class ProtocolError(ValueError):
-    """A message that could not be encoded or decoded. ``error`` is a ready ``protocol`` ErrorInfo;
-    ``call_id`` is the id of the offending call when it could be read."""
+    """A message that could not be encoded or decoded. ``error`` is a ready ErrorInfo (kind
+    ``protocol``, or ``bad_arguments`` for a call whose only fault is its timeout); ``call_id`` is the
+    id of the offending call when it could be read; ``about`` the message kind when it was known and
+    ``nonce`` a malformed ping's readable nonce."""
 
-    def __init__(self, message: str, call_id: str | None = None) -> None:
+    def __init__(self, message: str, call_id: str | None = None, *, kind: ErrorKind = "protocol",
+                 about: str = "", nonce: int | None = None) -> None:
         super().__init__(message)
-        self.error = ErrorInfo(kind="protocol", message=message)
+        self.error = ErrorInfo(kind=kind, message=message)
         self.call_id = call_id
+        self.about = about
+        self.nonce = nonce
 
     def result(self) -> Result:
-        """The reply a receiver sends back for this error."""
+        """A ``result`` reply for this error (the id is "" when none could be read)."""
         return Result(id=self.call_id or "", ok=False, error=self.error)
+
+    def reply(self) -> Result | Pong:
+        """The reply a receiver sends back: a ``pong`` carrying the error for a malformed ping (so the
+        pinger can match it), else a ``result``."""
+        if self.about == "ping":
+            return Pong(nonce=self.nonce or 0, error=self.error)
+        return self.result()
 
 
 def encode(msg: Body, *, max_bytes: int = MAX_FRAME_BYTES) -> list[bytes]:
-    """Serialise a message. Values msgpack cannot carry raise ``ProtocolError`` naming the field."""
+    """Serialise a message. Values that may not cross (see ``protocol.values``), a body over the
+    element budget or over ``max_bytes`` raise ``ProtocolError`` naming the field."""
     fields = msg.model_dump(mode="python", exclude_defaults=True)
+    call_id = getattr(msg, "id", None) or None
     try:
         _check_fields(fields)
         body = msgpack.packb(fields, use_bin_type=True)
     except (ValueRefused, TypeError, OverflowError, ValueError) as e:
-        raise ProtocolError(f"cannot encode {msg.KIND}: {e}", getattr(msg, "id", None)) from None
+        raise ProtocolError(f"cannot encode {msg.KIND}: {e}", call_id, about=msg.KIND) from None
     if len(body) > max_bytes:
-        raise ProtocolError(
-            f"{msg.KIND} message is {len(body)} bytes, over the {max_bytes}-byte limit",
-            getattr(msg, "id", None),
-        )
+        raise ProtocolError(f"{msg.KIND} message is {len(body)} bytes, over the {max_bytes}-byte limit",
+                            call_id, about=msg.KIND)
     return [VERSION, msg.KIND.encode(), body]
 
 
 def _check_fields(fields: dict[Any, Any]) -> None:
     """Every field, not only the free-form ones: a non-str key or an odd type nested in, say, a tool's
-    JSON Schema must fail here, on both sides, rather than slip past pydantic's ``Any``."""
+    JSON Schema must fail here, on both sides, rather than slip past pydantic's ``Any``. One element
+    budget for the whole body, counted as ``decode`` counts it."""
+    budget = ElementBudget()
+    budget.take(CONTAINER_COST + 2 * len(fields), "the body")
     for name, value in fields.items():
         if type(name) is not str:
             raise ValueRefused(f"the body has a {type(name).__name__} key {name!r}; keys must be str")
-        check_value(value, name)
+        check_value(value, name, 0, budget)
 
 
 def _frame_bytes(frame: Any) -> bytes:
@@ -77,6 +124,103 @@ def _frame_bytes(frame: Any) -> bytes:
     raise ProtocolError(f"a frame must be bytes, got {type(frame).__name__}")
 
 
+class _Refused(Exception):
+    """Raised inside the unpacker's hooks to stop it."""
+
+
+class _Unpacking:
+    """The unpacker's hooks: count elements (``protocol.values``' rule) and nesting as each container
+    is finished, refuse non-str keys, and stop the unpacker as soon as a bound is passed. A container
+    is never longer than the budget (``max_*_len``), so what is built before the stop is bounded too."""
+
+    __slots__ = ("height", "left")
+
+    def __init__(self) -> None:
+        self.left = MAX_ELEMENTS
+        self.height: dict[int, int] = {}  # id() of each finished container -> containers nested in it
+
+    def list_hook(self, items: list[Any]) -> list[Any]:
+        self.left -= CONTAINER_COST + len(items)
+        if self.left < 0:
+            raise _Refused(f"the body costs more than {MAX_ELEMENTS} elements")
+        height = max(map(self.height.get, map(id, items), repeat(0))) + 1 if items else 1
+        if height > MAX_BODY_DEPTH:
+            raise _Refused(f"the body nests containers deeper than {MAX_BODY_DEPTH} levels")
+        self.height[id(items)] = height
+        return items
+
+    def pairs_hook(self, pairs: list[tuple[Any, Any]]) -> dict[str, Any]:
+        self.left -= CONTAINER_COST + 2 * len(pairs)
+        if self.left < 0:
+            raise _Refused(f"the body costs more than {MAX_ELEMENTS} elements")
+        mapping = dict(pairs)
+        if len(mapping) != len(pairs):
+            raise _Refused("a map repeats a key")
+        if not _STR_ONLY.issuperset(map(type, mapping)):
+            bad = next(k for k in mapping if type(k) is not str)
+            raise _Refused(f"a map has a {type(bad).__name__} key {repr(bad)[:60]}; keys must be str")
+        height = max(map(self.height.get, map(id, mapping.values()), repeat(0))) + 1 if pairs else 1
+        if height > MAX_BODY_DEPTH:
+            raise _Refused(f"the body nests containers deeper than {MAX_BODY_DEPTH} levels")
+        self.height[id(mapping)] = height
+        return mapping
+
+
+_STR_ONLY = frozenset([str])
+
+
+def _no_extensions(code: int, data: bytes) -> Any:
+    raise _Refused(f"msgpack extension types are not allowed (found type {code})")
+
+
+def _unpack(body: bytes) -> Any:
+    hooks = _Unpacking()
+    collecting = gc.isenabled()
+    gc.disable()  # the body builds up to MAX_ELEMENTS containers: no collections meanwhile
+    try:
+        return msgpack.unpackb(
+            body, raw=False, strict_map_key=True, use_list=True,
+            max_str_len=len(body), max_bin_len=len(body), max_ext_len=0,
+            max_array_len=MAX_ELEMENTS, max_map_len=MAX_ELEMENTS // 2,
+            list_hook=hooks.list_hook, object_pairs_hook=hooks.pairs_hook, ext_hook=_no_extensions,
+        )
+    finally:
+        if collecting:
+            gc.enable()
+
+
+PEEK_BYTES = 64 * 1024  # where a receiver looks for the id of a body it cannot decode (senders put it first)
+_STR_HEADERS = frozenset([*range(0xA0, 0xC0), 0xD9, 0xDA, 0xDB])
+_UINT_HEADERS = frozenset([*range(0x00, 0x80), 0xCC, 0xCD, 0xCE, 0xCF])
+
+
+def peek(body: bytes, field: str) -> Any:
+    """The top-level ``field`` of a msgpack map, if it is a str or a non-negative int that starts within
+    the first ``PEEK_BYTES`` of the body, else None. Read without building anything else (other values
+    are skipped), so it works on a body that fails to decode for a reason elsewhere, at a bounded cost."""
+    try:
+        unpacker = msgpack.Unpacker(raw=False, max_buffer_size=PEEK_BYTES, max_ext_len=0,
+                                    max_array_len=MAX_ELEMENTS, max_map_len=MAX_ELEMENTS // 2)
+        unpacker.feed(body[:PEEK_BYTES])
+        for _ in range(min(unpacker.read_map_header(), 64)):  # a valid body has a few fields
+            key = unpacker.unpack() if body[unpacker.tell()] in _STR_HEADERS else unpacker.skip()
+            if key != field:
+                unpacker.skip()
+                continue
+            head = body[unpacker.tell()]
+            return unpacker.unpack() if head in _STR_HEADERS or head in _UINT_HEADERS else None
+    except Exception:  # a body broken before the field: there is nothing to read
+        return None
+    return None
+
+
+def valid_id(value: Any) -> str | None:
+    """``value`` if it is a well-formed call id (``ID_PATTERN``), else None: only those are echoed."""
+    if type(value) is str and 0 < len(value) <= 128 and _ID_CHARS.issuperset(value.encode()):
+        return value
+    return None
+
+
 def decode(frames: Sequence[bytes | bytearray | memoryview], *, max_bytes: int = MAX_FRAME_BYTES) -> Message:
     """Parse and validate one message; raise ``ProtocolError`` (only) if anything is wrong."""
     try:
@@ -90,27 +234,45 @@ def decode(frames: Sequence[bytes | bytearray | memoryview], *, max_bytes: int =
         kind = _KINDS.get(kind_frame) if len(kind_frame) <= MAX_KIND_BYTES else None
         if kind is None:
             raise ProtocolError(f"unknown message kind {kind_frame[:MAX_KIND_BYTES]!r}")
-        if len(body) > max_bytes:
-            raise ProtocolError(f"{kind} body is {len(body)} bytes, over the {max_bytes}-byte limit")
         try:
-            fields = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
-        except Exception as e:  # msgpack raises many types for malformed input
-            raise ProtocolError(f"{kind} body is not valid msgpack: {type(e).__name__}: {e}") from None
-        if not isinstance(fields, dict):
-            raise ProtocolError(f"{kind} body must be a map, got {type(fields).__name__}")
-        call_id = fields.get("id") if isinstance(fields.get("id"), str) else None
-        try:
-            _check_fields(fields)
-        except ValueRefused as e:
-            raise ProtocolError(f"{kind} carries a value that is not allowed: {e}", call_id) from None
-        try:
-            return BY_KIND[kind].model_validate(fields)  # type: ignore[return-value]
-        except ValidationError as e:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors()[:5]
-            )
-            raise ProtocolError(f"invalid {kind} message: {problems}", call_id) from None
+            return _decode_body(kind, body, max_bytes)
+        except ProtocolError as e:
+            if kind in _ID_KINDS and e.call_id is None:
+                e.call_id = valid_id(peek(body, "id"))
+            elif kind == "ping":
+                nonce = peek(body, "nonce")
+                e.nonce = nonce if type(nonce) is int and 0 <= nonce <= INT_MAX else None
+            e.about = kind
+            raise
     except ProtocolError:
         raise
     except Exception as e:  # anything unforeseen still becomes a protocol error, never a crash
         raise ProtocolError(f"malformed message: {type(e).__name__}: {e}") from None
+
+
+def _decode_body(kind: str, body: bytes, max_bytes: int) -> Message:
+    if len(body) > max_bytes:
+        raise ProtocolError(f"{kind} body is {len(body)} bytes, over the {max_bytes}-byte limit")
+    try:
+        fields = _unpack(body)
+    except _Refused as e:
+        raise ProtocolError(f"{kind} body refused: {e}") from None
+    except Exception as e:  # msgpack raises many types for malformed input
+        raise ProtocolError(f"{kind} body is not valid msgpack: {type(e).__name__}: {e}"[:500]) from None
+    if not isinstance(fields, dict):
+        raise ProtocolError(f"{kind} body must be a map, got {type(fields).__name__}")
+    call_id = valid_id(fields.get("id")) if kind in _ID_KINDS else None
+    try:
+        msg = BY_KIND[kind].model_validate(fields, extra="ignore")
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in errors[:5]
+        )
+        if kind == "call" and call_id and all(err["loc"][:1] == ("timeout",) for err in errors):
+            raise ProtocolError(f"invalid call timeout ({problems}); give a number of seconds in "
+                                f"(0, {MAX_TIMEOUT_S:g}]", call_id, kind="bad_arguments") from None
+        raise ProtocolError(f"invalid {kind} message: {problems}"[:2000], call_id) from None
+    if isinstance(msg, Call) and not msg.id:
+        raise ProtocolError(f"a call must carry an id ({ID_PATTERN})")
+    return msg  # type: ignore[return-value]

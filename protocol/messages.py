@@ -1,8 +1,11 @@
-"""Message bodies of the wire protocol (see ``protocol/SPEC.md``).
+"""Message bodies of the wire protocol (see ``protocol/SPEC.md``, whose field tables are generated from
+these models by ``protocol.schema``).
 
-Every message is a pydantic model with ``extra="forbid"`` and a ``KIND`` class constant that names it on
-the wire. The codec (``protocol.codec``) owns turning them into frames and back; nothing else
-serialises them.
+Every message is a strict pydantic model with a ``KIND`` class constant that names it on the wire. Each
+field's ``description`` is its meaning in the SPEC. Unknown fields are ignored (``extra="ignore"``,
+and the codec validates nested types defined elsewhere, such as ``ToolSpec``, the same way), so peers
+of adjacent releases interoperate within ``ciayn/1``. The codec (``protocol.codec``) owns turning
+messages into frames and back; nothing else serialises them.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.spec import ToolSpec
+from protocol.values import INT_MAX
 
 ErrorKind = Literal[
     "rejected",  # the call text did not pass the grammar
     "unknown_tool",  # no tool of that name in the executor
-    "bad_arguments",  # the arguments do not bind to the tool's signature
+    "bad_arguments",  # the arguments do not bind to the tool's signature, or the call's timeout is invalid
     "tool_error",  # the tool raised an exception
     "timeout",  # the call ran past its wall-clock deadline; its worker was killed
     "memory",  # the call hit its memory limit
@@ -24,33 +28,49 @@ ErrorKind = Literal[
     "output_limit",  # stdout/stderr or the result exceeded its cap
     "unserializable",  # the tool returned a value msgpack cannot carry
     "cancelled",  # the call was cancelled (by the client or by shutdown)
-    "unavailable",  # no executor answered, or the executor's queue is full
-    "protocol",  # a malformed message
+    "unavailable",  # no executor answered, the queue is full or waited too long, or a result is gone
+    "protocol",  # a malformed message, or a message this receiver does not accept
 ]
 ERROR_KINDS: tuple[str, ...] = ErrorKind.__args__  # type: ignore[attr-defined]
 
 SignalKind = Literal["complete", "exit", "note"]
 
+ID_PATTERN = r"^[!-~]{1,128}$"  # a call id: 1-128 printable ASCII characters, no space
+RESULT_ID_PATTERN = r"^[!-~]{0,128}$"  # the same, or "" for an error about no readable call
+MAX_ID_CHARS = 128
+MAX_NAME_CHARS = 256  # tool, client, executor and profile names
+MAX_TIMEOUT_S = 86400.0  # the longest timeout a call may ask for (24 h)
+
 
 class Body(BaseModel):
-    """Base of every message body: strict, closed, immutable-by-convention."""
+    """Base of every message body: strict types, unknown fields ignored."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True)
     KIND: ClassVar[str] = ""
+
+
+def _id_required(schema: dict[str, Any]) -> None:
+    """``Call.id`` is None in Python until the call is sent (a parsed call has none yet) but a
+    required str on the wire: the schema says so, and the codec refuses a call without one."""
+    prop = schema["properties"]["id"]
+    schema["properties"]["id"] = {"type": "string", "pattern": ID_PATTERN, "description": prop["description"]}
+    schema["required"] = sorted({*schema.get("required", []), "id"})
 
 
 class Limits(Body):
     """The resource limits of one call, as one value: defaults from the command line, a tool's own
     override, then the call's own timeout. Reported back in every result."""
 
-    timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
-    cpu_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # RLIMIT_CPU; None: from timeout_s
-    memory_mb: int = Field(default=1024, gt=0)
-    max_output_kb: int = Field(default=1024, gt=0)  # stdout and stderr, each
-    max_result_kb: int = Field(default=4096, gt=0)  # the encoded return value
-    open_files: int = Field(default=256, gt=0)
-    file_size_mb: int = Field(default=256, gt=0)
-    processes: int = Field(default=256, gt=0)  # pids cgroup where available
+    timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False,
+                             description="wall-clock limit of a call, seconds; the worker is killed at it")
+    cpu_s: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                description="CPU seconds (RLIMIT_CPU); null: timeout_s + 1, rounded up")
+    memory_mb: int = Field(default=1024, gt=0, description="memory of the worker and what it starts, MiB")
+    max_output_kb: int = Field(default=1024, gt=0, description="cap on stdout and on stderr, each, KiB")
+    max_result_kb: int = Field(default=4096, gt=0, description="cap on the encoded return value, KiB")
+    open_files: int = Field(default=256, gt=0, description="open file descriptors (RLIMIT_NOFILE)")
+    file_size_mb: int = Field(default=256, gt=0, description="largest file the tool may write, MiB")
+    processes: int = Field(default=256, gt=0, description="processes, where a pids cgroup enforces it")
 
     def effective_cpu_s(self) -> int:
         if self.cpu_s is not None:
@@ -61,54 +81,73 @@ class Limits(Body):
 class Call(Body):
     """A call descriptor: plain data, never code. ``id`` is set when the call is sent."""
 
+    model_config = ConfigDict(json_schema_extra=_id_required)
     KIND: ClassVar[str] = "call"
-    tool: str
-    args: list[Any] = Field(default_factory=list)
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    id: str | None = None
-    timeout: float | None = None  # per-call wall-clock override, seconds
+    id: str | None = Field(default=None, pattern=ID_PATTERN,
+                           description="required, and sent first; unique across all clients of the executor "
+                           "(e.g. a uuid4)")
+    tool: str = Field(min_length=1, max_length=MAX_NAME_CHARS, description="the tool's name")
+    args: list[Any] = Field(default_factory=list, description="positional arguments (values)")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments (values)")
+    timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
+                                  description="wall-clock limit for this call, seconds; an invalid value "
+                                  "is answered bad_arguments")
 
 
 class ErrorInfo(Body):
-    kind: ErrorKind
-    message: str
-    type: str | None = None  # the exception type for tool_error
-    traceback: str | None = None
-    signal: int | None = None  # for crashed
+    """Why a call failed (or a message was refused)."""
+
+    kind: ErrorKind = Field(description="one of the error kinds")
+    message: str = Field(description="what happened, for the reader who acts on it")
+    type: str | None = Field(default=None, description="the exception's type, for tool_error")
+    traceback: str | None = Field(default=None, description="the tool's traceback, for tool_error")
+    signal: int | None = Field(default=None, description="the signal that killed the worker, for crashed")
 
 
 class Signal(Body):
-    kind: SignalKind
-    message: str = ""
+    """Something a tool reported to the controller through ``executor.signals``."""
+
+    kind: SignalKind = Field(description="complete: the agent's task is done; exit: stop; note: remark")
+    message: str = Field(default="", description="the tool's text")
 
 
 class WorkerInfo(Body):
-    id: int
-    pid: int
-    incarnation: int
-    restarted: bool = False  # the worker was replaced after this call: tool state was lost
+    """The worker that ran (or was running) the call."""
+
+    id: int = Field(description="the worker's slot number in the executor")
+    pid: int = Field(description="its process id")
+    incarnation: int = Field(description="how many processes that slot has had")
+    restarted: bool = Field(default=False, description="the call cost its worker: it was killed or died and "
+                            "is replaced, so any state a tool kept in it is lost")
 
 
 class Stats(Body):
-    wall_s: float = 0.0
-    cpu_s: float = 0.0
-    peak_rss_kb: int = 0
+    """What the call cost."""
+
+    wall_s: float = Field(default=0.0, description="wall-clock seconds from dispatch to answer")
+    cpu_s: float = Field(default=0.0, description="CPU seconds the tool used")
+    peak_rss_kb: int = Field(default=0, description="peak resident memory of the worker, KiB")
 
 
 class Result(Body):
+    """The one answer to a call (or to a malformed message)."""
+
     KIND: ClassVar[str] = "result"
-    id: str
-    ok: bool
-    value: Any = None
-    value_is_repr: bool = False  # value is repr() of an object msgpack could not carry
-    error: ErrorInfo | None = None
-    stdout: str = ""
-    stderr: str = ""
-    signals: list[Signal] = Field(default_factory=list)
-    worker: WorkerInfo | None = None
-    stats: Stats | None = None
-    limits: Limits | None = None
-    executor: str | None = None  # executor id that ran (or refused) the call
+    id: str = Field(pattern=RESULT_ID_PATTERN,
+                    description="the call's id; \"\" when the message it answers had no readable id")
+    ok: bool = Field(description="true: value holds the return value; false: error says why")
+    value: Any = Field(default=None, description="the tool's return value (a value)")
+    value_is_repr: bool = Field(default=False, description="value is the repr() string of a return value "
+                                "that cannot cross the wire (e.g. a set, or over the element budget)")
+    error: ErrorInfo | None = Field(default=None, description="set exactly when ok is false")
+    stdout: str = Field(default="", description="what the tool printed, up to limits.max_output_kb")
+    stderr: str = Field(default="", description="what the tool wrote to stderr, up to limits.max_output_kb")
+    signals: list[Signal] = Field(default_factory=list, description="signals the tool sent, in order")
+    worker: WorkerInfo | None = Field(default=None, description="the worker, when one ran the call")
+    stats: Stats | None = Field(default=None, description="what the call cost, when it ran")
+    limits: Limits | None = Field(default=None, description="the limits the call ran under")
+    executor: str | None = Field(default=None, max_length=MAX_NAME_CHARS,
+                                 description="id of the executor that ran or refused the call")
 
     @classmethod
     def failure(cls, call_id: str, kind: ErrorKind, message: str, **fields: Any) -> Result:
@@ -121,39 +160,48 @@ class Result(Body):
 
 
 class Hello(Body):
-    """Client -> executor: who are you, what tools do you hold?"""
+    """Client -> executor: who are you, what tools do you hold? Answered with ``welcome``."""
 
     KIND: ClassVar[str] = "hello"
-    client: str = ""
+    client: str = Field(default="", max_length=MAX_NAME_CHARS, description="the client's name, for logs")
 
 
 class Welcome(Body):
+    """Executor -> client: the answer to ``hello``."""
+
     KIND: ClassVar[str] = "welcome"
-    executor: str
-    incarnation: int
-    tools: list[ToolSpec]
-    limits: Limits
-    workers: int = 1
-    profile: str = "default"
+    executor: str = Field(max_length=MAX_NAME_CHARS, description="the executor's id")
+    incarnation: int = Field(description="changes when the executor restarts (calls in flight may be lost)")
+    tools: list[ToolSpec] = Field(description="the tools it serves")
+    limits: Limits = Field(description="the default limits of a call")
+    workers: int = Field(default=1, description="calls it runs at once")
+    profile: str = Field(default="default", max_length=MAX_NAME_CHARS, description="its isolation profile")
 
 
 class Ping(Body):
+    """Client -> executor: are you there? Answered with ``pong`` at any time, even while busy."""
+
     KIND: ClassVar[str] = "ping"
-    nonce: int = 0
+    nonce: int = Field(default=0, ge=0, le=INT_MAX, description="echoed in the pong")
 
 
 class Pong(Body):
+    """Executor -> client: the answer to ``ping``."""
+
     KIND: ClassVar[str] = "pong"
-    nonce: int = 0
-    executor: str = ""
-    incarnation: int = 0
-    busy: int = 0
-    queued: int = 0
+    nonce: int = Field(default=0, ge=0, le=INT_MAX, description="the ping's nonce (0 when it was unreadable)")
+    executor: str = Field(default="", max_length=MAX_NAME_CHARS, description="the executor's id")
+    incarnation: int = Field(default=0, description="as in welcome")
+    busy: int = Field(default=0, description="calls running")
+    queued: int = Field(default=0, description="calls waiting for a worker")
+    error: ErrorInfo | None = Field(default=None, description="set (kind protocol) when the ping was malformed")
 
 
 class Cancel(Body):
+    """Client -> executor: stop a call. No reply of its own: the call is answered ``cancelled``."""
+
     KIND: ClassVar[str] = "cancel"
-    id: str
+    id: str = Field(pattern=ID_PATTERN, description="the id of a call this client sent")
 
 
 # Pool messages: executor <-> broker.
@@ -163,18 +211,21 @@ class Ready(Body):
     """Executor -> broker, first on every (re)connection: what it serves and the calls it holds."""
 
     KIND: ClassVar[str] = "ready"
-    executor: str
-    incarnation: int
-    tools: list[ToolSpec]
-    limits: Limits
-    capacity: int = Field(default=1, ge=1, le=4096)  # calls it runs at once (its workers)
-    profile: str = "default"
-    held: list[str] = Field(default_factory=list, max_length=65536)  # ids queued, running or answered lately
+    executor: str = Field(max_length=MAX_NAME_CHARS, description="the executor's id")
+    incarnation: int = Field(description="as in welcome")
+    tools: list[ToolSpec] = Field(description="the tools it serves")
+    limits: Limits = Field(description="the default limits of a call")
+    capacity: int = Field(default=1, ge=1, le=4096, description="calls it runs at once (its workers)")
+    profile: str = Field(default="default", max_length=MAX_NAME_CHARS, description="its isolation profile")
+    held: list[str] = Field(default_factory=list, max_length=65536,
+                            description="ids of calls queued, running or answered lately")
 
 
 class Heartbeat(Body):
+    """Both ways between executor and broker: still here."""
+
     KIND: ClassVar[str] = "heartbeat"
-    executor: str = ""
+    executor: str = Field(default="", max_length=MAX_NAME_CHARS, description="the executor's id")
 
 
 class Bye(Body):
@@ -182,15 +233,17 @@ class Bye(Body):
     why), or else "announce yourself again" (the broker does not know it, e.g. after a restart)."""
 
     KIND: ClassVar[str] = "bye"
-    executor: str = ""
-    reason: str = ""
-    refused: bool = False
+    executor: str = Field(default="", max_length=MAX_NAME_CHARS, description="the executor's id")
+    reason: str = Field(default="", max_length=4096, description="why, for logs")
+    refused: bool = Field(default=False, description="broker -> executor: it may not join")
 
 
 # Status: any client -> executor or broker.
 
 
 class Status(Body):
+    """Client -> executor or broker: report yourself. Answered with ``report``."""
+
     KIND: ClassVar[str] = "status"
 
 
@@ -198,11 +251,12 @@ class ToolStats(Body):
     """Calls of one tool answered so far. ``buckets`` counts calls by wall time, cumulative, one per
     bound of ``LATENCY_BUCKETS`` (the last, +Inf, equals ``calls``)."""
 
-    name: str
-    calls: int = 0
-    errors: int = 0
-    wall_s_sum: float = 0.0
-    buckets: list[int] = Field(default_factory=list, max_length=64)
+    name: str = Field(description="the tool's name")
+    calls: int = Field(default=0, description="calls answered")
+    errors: int = Field(default=0, description="of which not ok")
+    wall_s_sum: float = Field(default=0.0, description="their wall-clock seconds, summed")
+    buckets: list[int] = Field(default_factory=list, max_length=64,
+                               description="calls by wall time, cumulative, one per LATENCY_BUCKETS bound")
 
 
 LATENCY_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
@@ -210,15 +264,17 @@ LATENCY_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0
 
 
 class ExecutorStatus(Body):
-    executor: str
-    incarnation: int = 0
-    tools: list[str] = Field(default_factory=list)
-    capacity: int = 0
-    busy: int = 0
-    queued: int = 0
-    served: int = 0
-    worker_restarts: int = 0
-    idle_s: float = 0.0  # seconds since the broker last heard from it
+    """One executor, as a broker's ``report`` lists it."""
+
+    executor: str = Field(description="the executor's id")
+    incarnation: int = Field(default=0, description="as in welcome")
+    tools: list[str] = Field(default_factory=list, description="names of the tools it serves")
+    capacity: int = Field(default=0, description="calls it runs at once")
+    busy: int = Field(default=0, description="calls running")
+    queued: int = Field(default=0, description="calls waiting")
+    served: int = Field(default=0, description="calls answered")
+    worker_restarts: int = Field(default=0, description="workers replaced after a call cost them")
+    idle_s: float = Field(default=0.0, description="seconds since the broker last heard from it")
 
 
 class Report(Body):
@@ -226,17 +282,17 @@ class Report(Body):
     every executor connected to it and the pool's totals."""
 
     KIND: ClassVar[str] = "report"
-    role: Literal["executor", "broker"]
-    id: str
-    incarnation: int = 0
-    uptime_s: float = 0.0
-    capacity: int = 0
-    busy: int = 0
-    queued: int = 0
-    served: int = 0
-    worker_restarts: int = 0
-    executors: list[ExecutorStatus] = Field(default_factory=list)
-    tools: list[ToolStats] = Field(default_factory=list)
+    role: Literal["executor", "broker"] = Field(description="what answered")
+    id: str = Field(description="its id")
+    incarnation: int = Field(default=0, description="as in welcome")
+    uptime_s: float = Field(default=0.0, description="seconds since it started")
+    capacity: int = Field(default=0, description="calls it (or the pool) runs at once")
+    busy: int = Field(default=0, description="calls running")
+    queued: int = Field(default=0, description="calls waiting")
+    served: int = Field(default=0, description="calls answered")
+    worker_restarts: int = Field(default=0, description="workers replaced after a call cost them")
+    executors: list[ExecutorStatus] = Field(default_factory=list, description="the executors behind it")
+    tools: list[ToolStats] = Field(default_factory=list, description="per-tool figures")
 
 
 MESSAGE_TYPES: tuple[type[Body], ...] = (
