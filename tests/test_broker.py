@@ -1,0 +1,205 @@
+"""The broker as controllers and executors see it: one executor's face on a pool, routing by tool,
+fairness across clients, refusing a conflicting tool, status and metrics. Real processes, real sockets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from controller import ExecutorClient
+from executor.status import fetch
+from protocol import Call, Result, decode, encode
+from tests.pool import ALPHA, BETA, CONFLICT, POOL_TOOLS, ROOT, Pool, free_port, wait_until
+
+SLOW = 0.4  # seconds a call of the fairness test takes
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[Pool]:
+    p = Pool(tmp_path)
+    yield p
+    p.stop()
+
+
+def test_a_broker_looks_like_one_executor_with_every_tool_of_the_pool(pool: Pool) -> None:
+    pool.start_broker()
+    pool.add_executor([ALPHA], workers=1)
+    pool.add_executor([BETA], workers=2)
+    pool.wait_for_executors(2)
+    with ExecutorClient(pool.frontend) as client:
+        assert sorted(t.name for t in client.tools()) == ["alpha", "beta"]
+        assert client.welcome is not None and client.welcome.workers == 3
+        assert client.call_text("alpha(1)").value == "alpha:1"
+
+
+def test_calls_are_routed_to_the_executor_with_the_tool_and_an_unknown_tool_is_refused_at_once(pool: Pool) -> None:
+    pool.start_broker()
+    pool.add_executor([ALPHA], workers=1)
+    pool.add_executor([BETA], workers=1)
+    report = pool.wait_for_executors(2)
+    owner = {tool: e.executor for e in report.executors for tool in e.tools}
+    with ExecutorClient(pool.frontend) as client:
+        client.tools()
+        futures = [client.submit(Call(tool=t, args=[i])) for i in range(20) for t in ("alpha", "beta")]
+        for f in futures:
+            r = f.result(timeout=30)
+            assert r.ok, r.error
+            tool = r.value.split(":")[0]
+            assert r.executor == owner[tool]
+        started = time.monotonic()
+        r = client.call(Call(tool="gamma", args=[1]))
+        assert r.error is not None and r.error.kind == "unknown_tool"
+        assert "alpha, beta" in r.error.message
+        assert time.monotonic() - started < 1.0
+        r = client.call(Call(tool="alpha", kwargs={"y": 1}))
+        assert r.error is not None and r.error.kind == "bad_arguments"
+
+
+def test_a_second_executor_serving_a_tool_of_the_same_name_differently_is_refused(pool: Pool) -> None:
+    pool.start_broker()
+    pool.add_executor([POOL_TOOLS], workers=1)
+    pool.wait_for_executors(1)
+    impostor = pool.add_executor([CONFLICT], workers=1)
+    assert impostor.wait(30) == 1
+    assert "refused this executor" in pool.log(impostor) and "'work'" in pool.log(impostor)
+    assert pool.broker is not None
+    wait_until("the broker's log line", lambda: "refused executor" in pool.log(pool.broker))  # type: ignore[arg-type]
+    report = pool.status()
+    assert report is not None and len(report.executors) == 1
+
+
+def test_one_client_flooding_slow_calls_delays_another_by_at_most_one_call(pool: Pool, tmp_path: Path) -> None:
+    pool.start_broker()
+    pool.add_executor([POOL_TOOLS], workers=2)
+    pool.wait_for_executors(1)
+    with ExecutorClient(pool.frontend, timeout=600) as flood, ExecutorClient(pool.frontend) as other:
+        flood.tools()
+        other.tools()
+        for i in range(1000):
+            flood.submit(Call(tool="work", kwargs={"tag": f"f{i}", "seconds": SLOW}))
+        wait_until("the flood to fill the pool", lambda: (r := pool.status()) is not None and r.queued >= 900)
+        started = time.monotonic()
+        r = other.call(Call(tool="work", kwargs={"tag": "mine", "seconds": SLOW}))
+        waited = time.monotonic() - started
+        assert r.ok, r.error
+        # A free worker comes up within one call's duration and goes to the newcomer; then its own call
+        # runs. Without fairness it would wait for 1000 calls / 2 workers (200 s).
+        assert waited < 2 * SLOW + 1.0, f"waited {waited:.2f} s behind the flood"
+        report = pool.status()
+        assert report is not None and report.queued > 800  # the flood is still there: it was not drained first
+
+
+def test_status_reports_executors_tools_capacity_and_latency_of_a_broker_and_of_one_executor(
+        pool: Pool, tmp_path: Path) -> None:
+    pool.start_broker()
+    pool.add_executor([POOL_TOOLS], workers=2)
+    pool.wait_for_executors(1)
+    with ExecutorClient(pool.frontend) as client:
+        client.tools()
+        for i in range(5):
+            assert client.call(Call(tool="work", kwargs={"tag": str(i)})).ok
+    report = fetch(pool.frontend)
+    assert report.role == "broker" and report.capacity == 2 and report.served == 5
+    [executor] = report.executors
+    assert executor.tools == ["lookup", "work"] and executor.served == 5
+    [work] = [t for t in report.tools if t.name == "work"]
+    assert work.calls == 5 and work.errors == 0 and work.buckets[-1] == 5
+
+    out = subprocess.run([sys.executable, "-m", "executor.cli", "status", pool.frontend, "--json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["served"] == 5
+    out = subprocess.run([sys.executable, "-m", "executor.cli", "status", pool.frontend], cwd=ROOT,
+                         capture_output=True, text=True, timeout=30)
+    assert "work" in out.stdout and executor.executor in out.stdout
+
+    single = f"ipc://{tmp_path}/single.sock"
+    proc = pool._spawn("single", ["serve", "--tools", POOL_TOOLS, "--bind", single])
+    wait_until("the single executor", lambda: Path(single[6:]).exists())
+    with ExecutorClient(single) as client:
+        assert client.call(Call(tool="work", kwargs={"tag": "x"})).ok
+    mine = fetch(single)
+    assert mine.role == "executor" and mine.served == 1 and mine.executors[0].capacity == 1
+    assert proc.poll() is None
+
+    out = subprocess.run([sys.executable, "-m", "executor.cli", "status", f"ipc://{tmp_path}/nobody.sock",
+                          "--timeout", "0.5"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and "no answer" in out.stderr
+
+
+def test_metrics_port_exposes_the_same_figures_to_prometheus(pool: Pool) -> None:
+    broker_port, executor_port = free_port(), free_port()
+    pool.start_broker("--metrics-port", str(broker_port))
+    pool.add_executor([POOL_TOOLS], 1, "--metrics-port", f"127.0.0.1:{executor_port}")
+    pool.wait_for_executors(1)
+    with ExecutorClient(pool.frontend) as client:
+        client.tools()
+        for i in range(3):
+            assert client.call(Call(tool="work", kwargs={"tag": str(i)})).ok
+
+    def scrape(port: int) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    def served(port: int) -> bool:
+        return 'ciayn_tool_calls_total{tool="work"} 3.0' in scrape(port)
+
+    wait_until("the broker's metrics", lambda: served(broker_port), timeout=10)
+    wait_until("the executor's metrics", lambda: served(executor_port), timeout=10)
+    text = scrape(broker_port)
+    assert "ciayn_executors 1.0" in text and "ciayn_capacity 1.0" in text
+    assert 'ciayn_tool_call_seconds_bucket{le="+Inf",tool="work"} 3.0' in text
+
+
+def test_a_client_resending_an_id_through_the_broker_gets_the_first_answer(pool: Pool, tmp_path: Path) -> None:
+    """At most once at the broker: a duplicate id joins the running call or is answered from cache."""
+    log = tmp_path / "side-effects.log"
+    pool.start_broker()
+    pool.add_executor([POOL_TOOLS], workers=2)
+    pool.wait_for_executors(1)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        first, second = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
+        for sock in (first, second):
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(pool.frontend)
+        call = Call(tool="work", kwargs={"tag": "once", "log": str(log), "seconds": 0.3}, id=uuid.uuid4().hex)
+        for sock in (first, first, second):  # a resend, and another client with the same id: one call
+            sock.send_multipart(encode(call))
+        answers = [decode(sock.recv_multipart()) for sock in (first, second) if sock.poll(10_000)]
+        second.send_multipart(encode(call))  # after it finished: from the cache
+        assert second.poll(5_000)
+        answers.append(decode(second.recv_multipart()))
+        assert not first.poll(200), "a resend from the same client is answered once"
+    finally:
+        ctx.destroy(0)
+    assert len(answers) == 3 and all(isinstance(a, Result) and a.ok and a.id == call.id for a in answers)
+    assert log.read_text().split() == ["once", log.read_text().split()[1]]
+
+
+def test_cli_refuses_contradictory_pool_options(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "executor.cli", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=30)
+
+    out = run("serve", "--tools", POOL_TOOLS, "--bind", "ipc:///tmp/x.sock", "--connect", "ipc:///tmp/y.sock")
+    assert out.returncode == 2 and "not allowed with argument" in out.stderr
+    out = run("serve", "--tools", POOL_TOOLS, "--connect", "tcp://127.0.0.1:1", "--curve-secret", "k",
+              "--curve-clients", str(tmp_path))
+    assert out.returncode == 2 and "--curve-clients is for --bind" in out.stderr
+    out = run("serve", "--tools", POOL_TOOLS, "--bind", "ipc:///tmp/x.sock", "--curve-server-key", "k")
+    assert out.returncode == 2 and "--curve-server-key is for --connect" in out.stderr
+    out = run("broker", "--frontend", "tcp://127.0.0.1:1", "--backend", "tcp://127.0.0.1:2", "--curve-clients", "d")
+    assert out.returncode == 2 and "need --curve-secret" in out.stderr
+    out = run("broker", "--frontend", "bogus://x", "--backend", "tcp://127.0.0.1:2")
+    assert out.returncode == 1 and "cannot bind the frontend" in out.stderr
+

@@ -1,0 +1,88 @@
+"""CurveZMQ on both sockets of a broker: controllers authenticate on the frontend, executors on the
+backend, each against its own directory of admitted keys. Allowed keys work; no key, a key not
+admitted, or the wrong server key get nothing at all within 2 s, on either socket."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from controller import ExecutorClient
+from protocol import Call, Heartbeat, Limits, Ping, Ready, ToolSpec, encode
+from protocol.curve import keygen, load_pair, load_public, secure_client
+from tests.pool import POOL_TOOLS, Pool, free_port
+
+SILENCE = 2.0
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> dict[str, Path]:
+    broker_pub, broker_sec = keygen(tmp_path / "broker", "broker")
+    _, alice = keygen(tmp_path / "clients", "alice")
+    _, worker = keygen(tmp_path / "executors", "worker")
+    _, mallory = keygen(tmp_path / "strangers", "mallory")
+    return {"broker_pub": broker_pub, "broker_sec": broker_sec, "clients": tmp_path / "clients",
+            "executors": tmp_path / "executors", "alice": alice, "worker": worker, "mallory": mallory}
+
+
+@pytest.fixture
+def pool(tmp_path: Path, keys: dict[str, Path]) -> Iterator[Pool]:
+    p = Pool(tmp_path, frontend=f"tcp://127.0.0.1:{free_port()}", backend=f"tcp://127.0.0.1:{free_port()}",
+             status_keys={"curve_server_key": load_public(keys["broker_pub"]),
+                          "curve_keys": load_pair(keys["alice"])})
+    yield p
+    p.stop()
+
+
+def test_allowed_keys_work_and_anything_else_gets_nothing_on_both_broker_sockets(
+        pool: Pool, keys: dict[str, Path]) -> None:
+    pool.start_broker("--curve-secret", str(keys["broker_sec"]), "--curve-clients", str(keys["clients"]),
+                      "--curve-executors", str(keys["executors"]))
+    pool.add_executor([POOL_TOOLS], 1, "--curve-secret", str(keys["worker"]),
+                      "--curve-server-key", str(keys["broker_pub"]))
+    pool.wait_for_executors(1)
+    server = load_public(keys["broker_pub"])
+    with ExecutorClient(pool.frontend, curve_server_key=server, curve_keys=load_pair(keys["alice"])) as client:
+        assert client.call(Call(tool="work", kwargs={"tag": "hi"})).value["tag"] == "hi"
+
+    wrong_server = load_public(keys["mallory"])
+    probes = {  # name: (endpoint, server key or None, own key pair or None, messages)
+        "frontend, no key": (pool.frontend, None, None),
+        "frontend, key not admitted": (pool.frontend, server, load_pair(keys["mallory"])),
+        "frontend, wrong server key": (pool.frontend, wrong_server, load_pair(keys["alice"])),
+        "backend, no key": (pool.backend, None, None),
+        "backend, key not admitted": (pool.backend, server, load_pair(keys["mallory"])),
+        "backend, wrong server key": (pool.backend, wrong_server, load_pair(keys["worker"])),
+    }
+    ready = Ready(executor="intruder", incarnation=1, limits=Limits(),
+                  tools=[ToolSpec(name="steal", signature="()")])
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        socks = {}
+        for name, (endpoint, server_key, pair) in probes.items():
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            if server_key is not None:
+                secure_client(sock, server_key, pair)
+            sock.connect(endpoint)
+            for msg in ((Ping(nonce=1),) if "frontend" in name else (ready, Heartbeat(executor="intruder"))):
+                sock.send_multipart(encode(msg), zmq.NOBLOCK)
+            socks[name] = sock
+        poller = zmq.Poller()
+        for sock in socks.values():
+            poller.register(sock, zmq.POLLIN)
+        deadline = time.monotonic() + SILENCE
+        heard: list[str] = []
+        while (left := deadline - time.monotonic()) > 0:
+            for sock, _ in poller.poll(int(left * 1000) + 1):
+                heard.append(next(n for n, s in socks.items() if s is sock))
+                sock.recv_multipart()
+        assert not heard, f"answered: {sorted(set(heard))}"
+    finally:
+        ctx.destroy(0)
+    report = pool.status()
+    assert report is not None and [e.tools for e in report.executors] == [["lookup", "work"]]
