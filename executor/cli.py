@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 
 from protocol import Limits
+from protocol.environment import check_pass_env
 
 DESCRIPTION = """\
 Run tool calls for ciayn-sandbox controllers, each in a supervised worker process under resource
@@ -51,7 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--connect", metavar="BACKEND",
                        help="join a pool instead: connect to a broker's backend endpoint (`ciayn-executor broker`)")
     d = Limits()
-    serve.add_argument("--workers", type=_positive(int), default=1, help="worker processes (default: 1)")
+    serve.add_argument("--workers", type=_positive(int), default=1,
+                       help="calls run at once (default: 1); each call gets a fresh worker process, and as many "
+                       "are kept forked ahead")
+    serve.add_argument("--reuse-workers", action="store_true",
+                       help="TOOLS ARE TRUSTED: run call after call in the same worker process, so tools can keep "
+                       "state across calls; a call can then see and change what earlier calls left, and limits "
+                       "are soft (a tool can lift them)")
+    serve.add_argument("--pass-env", action="append", default=[], metavar="NAME",
+                       help="hand this environment variable to tools (repeatable; NAME_* for a prefix). Tools "
+                       "see only PATH, HOME, LANG, LC_*, TZ, TMPDIR and these; never the executor's secrets")
     serve.add_argument("--timeout", type=_positive(float), default=d.timeout_s,
                        help=f"default wall-clock limit per call, seconds (default: {d.timeout_s:g})")
     serve.add_argument("--cpu-s", type=_positive(float), default=None,
@@ -64,6 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"cap on the encoded return value, KB (default: {d.max_result_kb})")
     serve.add_argument("--max-queue", type=_positive(int), default=256,
                        help="calls waiting for a worker before new ones are refused (default: 256)")
+    serve.add_argument("--max-queue-mb", type=_positive(int), default=1024,
+                       help="encoded arguments of the calls waiting for a worker, MiB, before new ones are refused "
+                       "(default: 1024)")
+    serve.add_argument("--max-queue-wait", type=_positive(float), default=600.0,
+                       help="seconds a call may wait for a worker before it is answered `unavailable` without "
+                       "running; a call never waits longer than its own timeout either (default: 600)")
     serve.add_argument("--profile", choices=["default"], default="default",
                        help="isolation profile (default: rlimits, subreaper, whole-tree kill)")
     serve.add_argument("--no-cgroups", action="store_true",
@@ -80,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "from `ciayn-executor keygen`)")
     serve.add_argument("--curve-clients", metavar="DIR",
                        help="CurveZMQ: accept only clients whose public key file is in DIR (needs --curve-secret)")
+    serve.add_argument("--insecure", action="store_true",
+                       help="serve on an endpoint other local users (or the network) can reach: tcp without "
+                       "CurveZMQ, an abstract ipc socket, or an ipc path outside a 0700 directory of this user. "
+                       "Anyone who connects can run the tools as this user; logs a warning")
     serve.add_argument("--curve-server-key", metavar="FILE",
                        help="with --connect: the broker's public key file; --curve-secret is then this executor's "
                        "own key pair, whose public key the broker must admit (its --curve-executors DIR)")
@@ -196,6 +216,11 @@ def _serve(args: argparse.Namespace) -> int:
         print("ciayn-executor: with --connect, --curve-secret needs --curve-server-key (the broker's public key)",
               file=sys.stderr)
         return 2
+    try:
+        check_pass_env(args.pass_env)
+    except ValueError as e:
+        print(f"ciayn-executor: {e}", file=sys.stderr)
+        return 2
     # File paths of tool modules are relative to where the command ran, not to --workspace (the
     # executor changes into the workspace before it imports them).
     args.tools = [os.path.abspath(t) if t.endswith(".py") or os.sep in t else t for t in args.tools]
@@ -207,6 +232,8 @@ def _serve(args: argparse.Namespace) -> int:
         metrics=args.metrics_port, limits=limits, workers=args.workers, max_queue=args.max_queue,
         workspace=args.workspace, parent_pid=args.parent_pid, profile=args.profile,
         use_cgroups=not args.no_cgroups, curve_secret=args.curve_secret, curve_clients=args.curve_clients,
+        reuse_workers=args.reuse_workers, pass_env=args.pass_env, insecure=args.insecure,
+        max_queue_mb=args.max_queue_mb, max_queue_wait=args.max_queue_wait,
     )
     try:
         return supervisor.serve()

@@ -69,7 +69,11 @@ def recv_with_fds(sock: socket.socket, max_fds: int = 8) -> tuple[Any, list[int]
 
 
 class Reader:
-    """Non-blocking incremental reader for the supervisor's event loop."""
+    """Non-blocking incremental reader for the supervisor's event loop, bounded before it reads: a
+    frame that announces more than ``limit`` bytes is refused from its header alone, and no more
+    than one frame's worth plus a header is ever buffered, however much the peer writes."""
+
+    MAX_FRAMES_PER_FEED = 16
 
     def __init__(self, sock: socket.socket, limit: int = MAX_INTERNAL_FRAME) -> None:
         self.sock = sock
@@ -77,32 +81,46 @@ class Reader:
         self.limit = limit
 
     def feed(self) -> tuple[list[Any], bool]:
-        """Read what is available; return the complete frames and whether the peer closed."""
+        """Read what is available; return the complete frames and whether the peer closed. Raises
+        ``FrameError`` for a frame over the limit or one that is not msgpack."""
         closed = False
-        try:
-            while True:  # MSG_DONTWAIT: the socket stays blocking for sends
-                chunk = self.sock.recv(_CHUNK, socket.MSG_DONTWAIT)
-                if not chunk:
-                    closed = True
-                    break
-                self.buf += chunk
-                if len(chunk) < _CHUNK:
-                    break
-        except BlockingIOError:
-            pass
-        except OSError:
-            closed = True
-        frames = []
+        frames: list[Any] = []
+        while len(frames) < self.MAX_FRAMES_PER_FEED:
+            self._take_frames(frames)
+            want = self._room()
+            try:  # MSG_DONTWAIT: the socket stays blocking for sends
+                chunk = self.sock.recv(min(_CHUNK, want), socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            except OSError:
+                closed = True
+                break
+            if not chunk:
+                closed = True
+                break
+            self.buf += chunk
+            if len(chunk) < min(_CHUNK, want):
+                self._take_frames(frames)
+                break
+        return frames, closed
+
+    def _room(self) -> int:
+        """How many bytes the next read may take: the rest of the frame being read (at least a header)."""
+        if len(self.buf) < _HEADER.size:
+            return _HEADER.size - len(self.buf) + _CHUNK
+        size: int = _HEADER.unpack_from(self.buf)[0]
+        return max(1, _HEADER.size + size - len(self.buf))
+
+    def _take_frames(self, frames: list[Any]) -> None:
         while len(self.buf) >= _HEADER.size:
             (size,) = _HEADER.unpack_from(self.buf)
             if size > self.limit:
-                raise FrameError(f"internal frame of {size} bytes is too large")
+                raise FrameError(f"internal frame of {size} bytes is over the {self.limit}-byte limit")
             if len(self.buf) < _HEADER.size + size:
-                break
+                return
             body = bytes(self.buf[_HEADER.size : _HEADER.size + size])
             del self.buf[: _HEADER.size + size]
             try:
                 frames.append(msgpack.unpackb(body, raw=False))
             except Exception as e:  # msgpack raises many types for malformed input
                 raise FrameError(f"internal frame is not valid msgpack: {type(e).__name__}: {e}") from None
-        return frames, closed

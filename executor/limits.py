@@ -5,6 +5,13 @@ timeout and a call's own timeout (``effective_limits``). In the worker, per-proc
 files, file size, core dumps) are set once at start, and per-call limits (CPU seconds, memory) before
 each call. The wall-clock timeout is not an rlimit: the supervisor enforces it by killing the worker.
 
+A fresh worker (the default: one call per worker) gets hard limits equal to the soft ones, so a
+tool cannot lift them without ``CAP_SYS_RESOURCE`` (root has it: as root, use the hardened profile,
+which drops it). The CPU hard limit is one second above the soft one, so that going over is
+reported as ``SIGXCPU`` (a ``timeout``) and not as a bare ``SIGKILL``. A reused worker
+(``--reuse-workers``: trusted tools) keeps soft limits only, since its CPU allowance grows with
+every call and a hard limit can never be raised again.
+
 Memory uses ``RLIMIT_DATA`` rather than ``RLIMIT_AS``: address-space limits count glibc's 64 MiB
 malloc arenas and thread stacks and break threaded tools at sizes where they use little memory.
 """
@@ -38,25 +45,32 @@ def _usable(timeout: float) -> bool:
     return math.isfinite(timeout) and timeout > 0
 
 
-def _soft(which: int, value: int) -> None:
-    _, hard = resource.getrlimit(which)
+def _set(which: int, value: int, hard: bool, slack: int = 0) -> None:
+    """Set the soft limit to ``value`` (never above the current hard limit) and, with ``hard``, the
+    hard limit to ``value + slack``."""
+    _, cur_hard = resource.getrlimit(which)
     value = min(value, _RLIM_MAX)  # a huge (finite) call timeout gives a huge CPU allowance
-    if hard != _INF and value > hard:
-        value = hard
-    resource.setrlimit(which, (value, hard))
+    if cur_hard != _INF and value > cur_hard:
+        value = cur_hard
+    new_hard = cur_hard
+    if hard:
+        new_hard = min(value + slack, _RLIM_MAX)
+        if cur_hard != _INF:
+            new_hard = min(new_hard, cur_hard)
+    resource.setrlimit(which, (value, new_hard))
 
 
-def apply_process_limits(limits: Limits) -> None:
+def apply_process_limits(limits: Limits, hard: bool = True) -> None:
     """Once per worker: core dumps off, open files, file size."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    _soft(resource.RLIMIT_NOFILE, limits.open_files)
-    _soft(resource.RLIMIT_FSIZE, limits.file_size_mb * 1024 * 1024)
+    _set(resource.RLIMIT_NOFILE, limits.open_files, hard)
+    _set(resource.RLIMIT_FSIZE, limits.file_size_mb * 1024 * 1024, hard)
 
 
-def apply_call_limits(limits: Limits) -> None:
-    """Before each call: CPU seconds (counted from now; the worker's CPU time accumulates across
-    calls, so the soft limit is set to the time used so far plus this call's allowance) and memory."""
+def apply_call_limits(limits: Limits, hard: bool = True) -> None:
+    """Before a call: CPU seconds (counted from now; a reused worker's CPU time accumulates across
+    calls, so the soft limit is the time used so far plus this call's allowance) and memory."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     used = int(usage.ru_utime + usage.ru_stime + 0.999)
-    _soft(resource.RLIMIT_CPU, used + limits.effective_cpu_s())
-    _soft(resource.RLIMIT_DATA, limits.memory_mb * 1024 * 1024)
+    _set(resource.RLIMIT_CPU, used + limits.effective_cpu_s(), hard, slack=1)
+    _set(resource.RLIMIT_DATA, limits.memory_mb * 1024 * 1024, hard)

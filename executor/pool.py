@@ -1,10 +1,18 @@
-"""The worker pool: the template process and the N worker slots it keeps filled.
+"""The worker pool: the template process and the workers it forks.
 
-The pool hands a call to an idle worker, reads the worker's stdout, stderr and reply, enforces the
-call's wall-clock deadline and output caps by killing the worker, and turns every way a worker can
-die into a result of a known kind. It never runs tool code (the template and workers, in
-``executor.worker``, do) and knows nothing of clients: finished calls go to ``on_done``, and it asks
-``next_job`` for more work whenever a worker is free.
+At most ``size`` calls run at once. By default each worker runs one call and exits, and the pool
+keeps ``size`` workers forked ahead (ready) so a call never waits for a fork at low load; with
+``reuse`` (``--reuse-workers``) ``size`` workers run call after call. The pool hands a call to a
+ready worker, reads the worker's stdout, stderr and reply (each bounded before it is read), enforces
+the call's wall-clock deadline and output caps by killing the worker, and turns every way a worker
+can die into a result of a known kind.
+
+It also keeps the template honest: a template that dies, or that does not answer a spawn request in
+time (stopped, wedged), is killed and replaced; the calls it owed are answered. A worker that does
+not die when killed (uninterruptible sleep) has its call answered on time anyway and is abandoned.
+
+It never runs tool code (the template and workers, in ``executor.worker``, do) and knows nothing of
+clients: finished calls go to ``on_done``, and it asks ``next_job`` for work whenever it can run some.
 """
 
 from __future__ import annotations
@@ -23,15 +31,21 @@ import zmq
 
 from executor import framing
 from executor.calls import Job
-from executor.worker import template_main
-from protocol import ErrorInfo, Limits, Result, Signal, Stats, ToolSpec, WorkerInfo
+from executor.worker import PR_SET_CHILD_SUBREAPER, WorkerConfig, kill_children, reply_cap, template_main
+from executor.worker import _prctl as worker_prctl
+from protocol import ErrorInfo, Result, Signal, Stats, ToolSpec, WorkerInfo
 
 log = logging.getLogger("ciayn-executor")
 
 TEMPLATE_START_TIMEOUT = 60.0  # importing tool modules may be slow
+TEMPLATE_ANSWER_TIMEOUT = 3.0  # a spawn request unanswered this long: the template is stopped or wedged
 EXIT_STATUS_WAIT = 2.0  # after a worker's channel closes, how long to wait for its exit status
+KILL_GRACE = 1.0  # after SIGKILL, how long a call waits for its worker's exit before it is answered anyway
+RETIRE_GRACE = 2.0  # a worker that answered its one call must exit within this, or it is killed
+IDLE_READ_LIMIT = 64 * 1024  # what a worker with no call may send before it is cut off (it should send nothing)
 SPIN_AFTER_DISPATCH = 0.0003  # seconds of polling without sleep after a dispatch (quick calls' replies)
 POLL_MAX_S = 1.0
+MAX_ABANDONED = 64  # processes that would not die, remembered for the log
 
 
 class StartupError(Exception):
@@ -40,94 +54,112 @@ class StartupError(Exception):
 
 @dataclass
 class Slot:
+    """One worker process, from the template's report that it exists to its death or retirement."""
+
     id: int
-    incarnation: int = 0
-    pid: int = 0
-    chan: socket.socket | None = None
-    reader: framing.Reader | None = None
-    out_fd: int = -1
-    err_fd: int = -1
+    pid: int
+    chan: socket.socket
+    reader: framing.Reader
+    out_fd: int
+    err_fd: int
     job: Job | None = None
-    spawning: bool = False
     closed_at: float = 0.0  # when the channel closed and we await the exit status
-    killed: bool = False
+    killed_at: float = 0.0  # when we sent SIGKILL
     seq: int = 0  # number of the request in flight: a reply must carry it
     outbuf: bytearray = field(default_factory=bytearray)  # request bytes the worker has not taken yet
 
     @property
+    def killed(self) -> bool:
+        return self.killed_at > 0
+
+    @property
     def idle(self) -> bool:
-        return self.chan is not None and self.job is None and not self.killed and not self.closed_at
+        return self.job is None and not self.killed and not self.closed_at
 
 
 class WorkerPool:
-    """The template and the worker slots, driven by the supervisor's poll loop."""
+    """The template and the workers, driven by the supervisor's poll loop."""
 
     def __init__(
         self,
-        targets: list[str],
+        config: WorkerConfig,
         *,
-        limits: Limits,
-        workers: int,
-        executor_id: str,
-        use_cgroups: bool,
+        size: int,
         on_done: Callable[[Job, Result], None],
         next_job: Callable[[], Job | None],
     ) -> None:
-        self.targets = targets
-        self.limits = limits
-        self.executor_id = executor_id
-        self.use_cgroups = use_cgroups
+        self.config = config
+        self.limits = config.limits
+        self.executor_id = config.name
+        self.size = max(1, size)
         self.on_done = on_done
         self.next_job = next_job
-        self.slots = [Slot(id=i) for i in range(max(1, workers))]
+        self.slots: dict[int, Slot] = {}  # live workers by id
+        self.spawning: dict[int, float] = {}  # worker id -> when the template was asked for it
+        self.retiring: dict[int, float] = {}  # pid -> when it answered its one call (it exits by itself)
+        self.abandoned: dict[int, str] = {}  # pid -> why: killed, but it did not die
+        self.next_id = 0
         self.specs: dict[str, ToolSpec] = {}
         self.cgroups = ""
         self.template_pid = 0
         self.template: socket.socket | None = None
+        self.template_fd = -1
+        self.template_restarts = 0
         self.poller: zmq.Poller | None = None
         self.fd_owner: dict[int, tuple[Slot, str]] = {}
         self.spin_until = 0.0
-        self.failed = False  # the template died: no new workers can be made
+        self.failed = False  # no template could be made: the executor cannot go on
         self.stopping = False
 
     # ---------------------------------------------------------------- start-up and shutdown
 
     def start_template(self) -> None:
-        """Fork the template before any ZeroMQ context exists, and learn the tool specs from it."""
+        """Fork the template (the first time before any ZeroMQ context exists) and learn the tool
+        specs from it. This process becomes a subreaper, so whatever a dead template leaves comes
+        back to us to be killed, never to init."""
+        worker_prctl(PR_SET_CHILD_SUBREAPER, 1)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         pid = os.fork()
         if pid == 0:
             ours.close()
-            template_main(theirs, self.targets, self.limits, self.executor_id, self.use_cgroups)
+            template_main(theirs, self.config)
         theirs.close()
         self.template_pid, self.template = pid, ours
         ours.settimeout(TEMPLATE_START_TIMEOUT)
         try:
             first = framing.recv(ours)
-        except (EOFError, OSError) as e:
+        except (EOFError, OSError, framing.FrameError) as e:
+            self._kill_template()
             raise StartupError(f"the tool template process died while importing the tools ({e})") from None
         ours.settimeout(None)
         if first.get("op") == "error":
+            self._kill_template()
             raise StartupError(first["message"])
-        self.specs = {s["name"]: ToolSpec.model_validate(s) for s in first["specs"]}
+        specs = {s["name"]: ToolSpec.model_validate(s) for s in first["specs"]}
+        if self.specs and specs != self.specs:
+            log.warning("the new template's tools differ from the first one's; keeping the first list")
+        else:
+            self.specs = specs
         self.cgroups = first.get("cgroups") or ""
+        self.template_fd = ours.fileno()
 
     def attach(self, poller: zmq.Poller) -> None:
         """Register with the supervisor's poller and start the workers."""
         self.poller = poller
         if self.template is not None:
-            poller.register(self.template.fileno(), zmq.POLLIN)
-        for slot in self.slots:
-            self._spawn(slot)
+            poller.register(self.template_fd, zmq.POLLIN)
+        self._refill()
 
     def stop(self) -> None:
         self.stopping = True
-        for slot in self.slots:
-            if slot.pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(slot.pid, signal.SIGKILL)
+        for slot in list(self.slots.values()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(slot.pid, signal.SIGKILL)
             self._close_slot(slot)
         self.stop_template()
+        self._remove_groups()
+
+    def _remove_groups(self) -> None:
         if self.cgroups:  # the template removes its workers' groups; this is the backstop
             from executor.cgroups import CgroupSupport
 
@@ -137,6 +169,9 @@ class WorkerPool:
 
     def stop_template(self) -> None:
         if self.template is not None:
+            if self.poller is not None:
+                with contextlib.suppress(KeyError, zmq.ZMQError):
+                    self.poller.unregister(self.template_fd)
             self.template.close()  # the template kills what is left and exits on EOF
             self.template = None
         if self.template_pid:
@@ -147,33 +182,88 @@ class WorkerPool:
                     break
                 time.sleep(0.01)
             else:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(self.template_pid, signal.SIGKILL)
-                os.waitpid(self.template_pid, 0)
+                self._kill_template()
             self.template_pid = 0
+        kill_children()  # as a subreaper we hold whatever the template's tree left behind
+
+    def _kill_template(self) -> None:
+        """SIGKILL the template and reap it, waiting at most ``KILL_GRACE``."""
+        if self.template_pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.template_pid, signal.SIGKILL)
+            deadline = time.monotonic() + KILL_GRACE
+            with contextlib.suppress(ChildProcessError):
+                while not os.waitpid(self.template_pid, os.WNOHANG)[0] and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            self.template_pid = 0
+
+    def _replace_template(self, why: str) -> None:
+        """The template is gone or stopped answering: answer what it owed, kill its whole tree, start
+        a new one. Running calls are lost with their workers (the template's death kills them)."""
+        log.error("the template process %s; replacing it", why)
+        if self.template is not None:
+            if self.poller is not None:
+                with contextlib.suppress(KeyError, zmq.ZMQError):
+                    self.poller.unregister(self.template_fd)
+            self.template.close()
+            self.template = None
+        self._kill_template()
+        for slot in list(self.slots.values()):
+            if slot.job is not None:
+                job = slot.job
+                slot.job = None
+                result = job.outcome or Result.failure(
+                    job.call_id, "crashed",
+                    f"the executor's template process {why}; the worker running this call was killed with it")
+                self._answer(job, result, slot, restarted=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(slot.pid, signal.SIGKILL)
+            self._close_slot(slot)
+        self.spawning.clear()
+        self.retiring.clear()
+        kill_children()  # the old template's orphans came to us
+        self._remove_groups()
+        self.template_restarts += 1
+        try:
+            self.start_template()
+        except StartupError as e:
+            log.error("cannot start a new template: %s; stopping", e)
+            self.failed = True
+            return
+        if self.poller is not None and self.template is not None:
+            self.poller.register(self.template_fd, zmq.POLLIN)
+        self._refill()
 
     # ---------------------------------------------------------------- the loop's view
 
     def busy(self) -> int:
-        return sum(1 for s in self.slots if s.job is not None)
+        return sum(1 for s in self.slots.values() if s.job is not None)
+
+    def ready(self) -> int:
+        return sum(1 for s in self.slots.values() if s.idle)
 
     def spinning(self, now: float) -> bool:
         return now < self.spin_until
 
     def timeout_s(self, now: float) -> float:
-        """How long the loop may sleep before a deadline or an exit-status wait needs it."""
+        """How long the loop may sleep before a deadline or a wait needs it."""
         wait = POLL_MAX_S
-        for slot in self.slots:
+        for slot in self.slots.values():
             if slot.job is not None and not slot.killed:
                 wait = min(wait, slot.job.deadline - now)
+            if slot.killed:
+                wait = min(wait, slot.killed_at + KILL_GRACE - now)
             if slot.closed_at:
                 wait = min(wait, slot.closed_at + EXIT_STATUS_WAIT - now)
+        for asked in self.spawning.values():
+            wait = min(wait, asked + TEMPLATE_ANSWER_TIMEOUT - now)
+        for answered in self.retiring.values():
+            wait = min(wait, answered + RETIRE_GRACE - now)
         return wait
 
     def handle(self, events: dict[Any, int]) -> None:
-        """Serve the pool's descriptors among the poller's events."""
-        if self.template is not None and self.template.fileno() in events:
-            self._on_template()
+        """Serve the pool's descriptors among the poller's events: workers first, so that a reply is
+        read before the template's report that its worker exited."""
         for fd, mask in list(events.items()):
             owner = self.fd_owner.get(fd) if isinstance(fd, int) else None
             if owner is None:
@@ -184,12 +274,14 @@ class WorkerPool:
             else:
                 if mask & zmq.POLLOUT:
                     self._flush(slot)
-                if mask & ~zmq.POLLOUT:
+                if mask & ~zmq.POLLOUT and slot.id in self.slots:
                     self._on_worker(slot)
+        if self.template is not None and self.template_fd in events:
+            self._on_template()
 
     def cancel(self, job: Job, outcome: Result) -> bool:
         """Stop a running job; its answer is ``outcome``. False if no worker runs it."""
-        slot = next((s for s in self.slots if s.job is job), None)
+        slot = next((s for s in self.slots.values() if s.job is job), None)
         if slot is None:
             return False
         job.outcome = outcome
@@ -197,18 +289,19 @@ class WorkerPool:
         return True
 
     def dispatch(self) -> None:
-        """Hand queued calls to idle workers."""
-        while True:
-            slot = next((s for s in self.slots if s.idle), None)
+        """Hand queued calls to ready workers, at most ``size`` running at once."""
+        while self.busy() < self.size:
+            slot = next((s for s in self.slots.values() if s.idle), None)
             if slot is None:
-                return
+                break
             job = self.next_job()
             if job is None:
-                return
+                break
             job.started = time.monotonic()
             job.deadline = job.started + job.limits.timeout_s
             slot.job = job
             slot.seq += 1
+            slot.reader.limit = reply_cap(job.limits)
             self.spin_until = time.monotonic() + SPIN_AFTER_DISPATCH
             request = {
                 "seq": slot.seq,
@@ -219,73 +312,102 @@ class WorkerPool:
             }
             slot.outbuf += framing.pack(request)
             self._flush(slot)
+        self._refill()
+
+    def _refill(self) -> None:
+        """Ask the template for workers: keep ``size`` ready (fresh workers), or ``size`` in all
+        (reused workers)."""
+        if self.template is None or self.stopping:
+            return
+        if self.config.reuse:
+            want = self.size - len([s for s in self.slots.values() if not s.killed and not s.closed_at])
+        else:
+            want = self.size - self.ready()
+        for _ in range(want - len(self.spawning)):
+            self.next_id += 1
+            self.spawning[self.next_id] = time.monotonic()
+            try:
+                framing.send(self.template, {"op": "spawn", "worker": self.next_id})
+            except OSError:
+                break  # the template is gone; its channel's EOF replaces it
 
     def check_deadlines(self, now: float) -> None:
-        for slot in self.slots:
+        for slot in list(self.slots.values()):
             job = slot.job
             if job is not None and not slot.killed and now >= job.deadline:
                 job.outcome = Result.failure(
                     job.call_id, "timeout",
                     f"the tool ran past its {job.limits.timeout_s:g} s time limit and was killed")
                 self._kill(slot, f"call {job.call_id} timed out")
-            if slot.closed_at and now >= slot.closed_at + EXIT_STATUS_WAIT:
-                if slot.pid and not slot.killed:
-                    # The channel is gone but the process is not (a tool closed inherited fds): it can
-                    # never answer again, so kill it and let the template report its death.
-                    if job is not None and job.outcome is None:
-                        job.outcome = Result.failure(
-                            job.call_id, "crashed",
-                            "the tool closed the worker's channel to the executor; the worker was killed")
-                    self._kill(slot, "its channel closed but it did not exit")
-                    slot.closed_at = now
-                else:
-                    self._worker_gone(slot, 0, None)
+            elif slot.killed and now >= slot.killed_at + KILL_GRACE:
+                # SIGKILL has not taken effect (uninterruptible sleep): answer now, do not wait.
+                self._abandon(slot, f"it did not die within {KILL_GRACE:g} s of SIGKILL")
+            elif slot.closed_at and now >= slot.closed_at + EXIT_STATUS_WAIT:
+                # The channel is gone but the process is not (a tool closed inherited fds): it can
+                # never answer again, so kill it and let the template report its death.
+                if job is not None and job.outcome is None:
+                    job.outcome = Result.failure(
+                        job.call_id, "crashed",
+                        "the tool closed the worker's channel to the executor; the worker was killed")
+                self._kill(slot, "its channel closed but it did not exit")
+        for pid, answered in list(self.retiring.items()):
+            if now >= answered + RETIRE_GRACE:
+                del self.retiring[pid]
+                log.warning("worker pid %d answered its call but did not exit; killing it", pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        if self.template is not None and any(now >= t + TEMPLATE_ANSWER_TIMEOUT for t in self.spawning.values()):
+            self._replace_template(f"did not answer a spawn request within {TEMPLATE_ANSWER_TIMEOUT:g} s "
+                                   "(stopped or wedged)")
 
     # ---------------------------------------------------------------- workers
-
-    def _spawn(self, slot: Slot) -> None:
-        if self.template is None or slot.spawning or self.stopping:
-            return
-        slot.spawning = True
-        framing.send(self.template, {"op": "spawn", "slot": slot.id})
 
     def _on_template(self) -> None:
         assert self.template is not None
         try:
             msg, fds = framing.recv_with_fds(self.template)
-        except (EOFError, OSError):
-            log.error("the template process died; no new workers can be made")
-            if self.poller is not None:
-                self.poller.unregister(self.template.fileno())
-            self.template.close()
-            self.template = None
-            self.failed = True
+        except (EOFError, OSError, framing.FrameError, ValueError):
+            self._replace_template("died")
             return
-        if msg["op"] == "spawned":
-            slot = self.slots[msg["slot"]]
+        op = msg.get("op") if isinstance(msg, dict) else None
+        if op == "spawned":
+            wid = msg["worker"]
+            self.spawning.pop(wid, None)
             chan = socket.socket(fileno=fds[0])
-            slot.chan, slot.reader = chan, framing.Reader(chan)
-            slot.out_fd, slot.err_fd = fds[1], fds[2]
+            slot = Slot(id=wid, pid=msg["pid"], chan=chan, reader=framing.Reader(chan, IDLE_READ_LIMIT),
+                        out_fd=fds[1], err_fd=fds[2])
             os.set_blocking(slot.out_fd, False)
             os.set_blocking(slot.err_fd, False)
-            slot.pid, slot.spawning, slot.killed, slot.closed_at = msg["pid"], False, False, 0.0
-            slot.incarnation += 1
+            self.slots[wid] = slot
             for fd, what in ((chan.fileno(), "chan"), (slot.out_fd, "stdout"), (slot.err_fd, "stderr")):
                 self.fd_owner[fd] = (slot, what)
                 if self.poller is not None:
                     self.poller.register(fd, zmq.POLLIN)
-            log.debug("worker %d/%d ready (pid %d)", slot.id, slot.incarnation, slot.pid)
+            log.debug("worker %d ready (pid %d)", slot.id, slot.pid)
             self.dispatch()
-        elif msg["op"] == "exited":
-            slot = next((s for s in self.slots if s.pid == msg["pid"]), None)
-            if slot is not None:
-                self._worker_gone(slot, msg.get("signal") or 0, msg.get("code"), oom=bool(msg.get("oom")))
+        elif op == "exited":
+            pid = msg["pid"]
+            if self.retiring.pop(pid, None) is not None:
+                return  # a fresh worker that answered its one call and exited, as it should
+            if pid in self.abandoned:
+                log.warning("abandoned worker pid %d finally exited (%s)", pid, self.abandoned.pop(pid))
+                return
+            dead = next((s for s in self.slots.values() if s.pid == pid), None)
+            if dead is not None and dead.job is not None:
+                self._on_worker(dead)  # a reply it sent before it exited is still in the channel: read it first
+                if dead.id not in self.slots:
+                    self.retiring.pop(pid, None)
+                    return
+            if dead is not None:
+                self._worker_gone(dead, msg.get("signal") or 0, msg.get("code"), oom=bool(msg.get("oom")),
+                                  cpu_s=float(msg.get("cpu_s") or 0.0), peak_rss_kb=int(msg.get("peak_rss_kb") or 0))
+        for fd in fds if op != "spawned" else fds[3:]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _flush(self, slot: Slot) -> None:
         """Send what the worker has not taken yet, never blocking: a worker still busy (a tool that
         faked its reply) must not stall the supervisor. What is left waits for POLLOUT."""
-        if slot.chan is None:
-            return
         try:
             while slot.outbuf:
                 sent = slot.chan.send(slot.outbuf, socket.MSG_DONTWAIT)
@@ -296,7 +418,7 @@ class WorkerPool:
             slot.outbuf.clear()  # the worker died; its channel's EOF will finish the job
         flags = zmq.POLLIN | (zmq.POLLOUT if slot.outbuf else 0)
         if self.poller is not None:
-            with contextlib.suppress(KeyError, zmq.ZMQError):
+            with contextlib.suppress(KeyError, zmq.ZMQError, ValueError):
                 self.poller.modify(slot.chan.fileno(), flags)
 
     def _on_output(self, slot: Slot, fd: int, what: str, running: bool = True) -> bool:
@@ -337,12 +459,11 @@ class WorkerPool:
                     break
 
     def _on_worker(self, slot: Slot) -> None:
-        assert slot.reader is not None
         try:
             replies, closed = slot.reader.feed()
         except framing.FrameError as e:
             replies, closed = [], True
-            self._malformed(slot, e)
+            self._malformed(slot, e, "output_limit" if "limit" in str(e) else "crashed")
         for reply in replies:
             job = slot.job
             if job is None or not isinstance(reply, dict) or reply.get("seq") != slot.seq:
@@ -352,9 +473,8 @@ class WorkerPool:
                 break
             self._drain_output(slot)
             try:
-                if not reply["ok"] and reply["error"]["kind"] == "memory":
-                    slot.killed = True  # the worker exits after this reply; give it no more calls
-                result = self._result_from_reply(job, slot, reply, restarted=slot.killed)
+                memory = not reply["ok"] and reply["error"]["kind"] == "memory"
+                result = self._result_from_reply(job, slot, reply)
             except (TypeError, KeyError, ValueError) as e:  # ValidationError is a ValueError
                 self._malformed(slot, e)  # the call is answered when the worker's death is reported
                 break
@@ -363,26 +483,37 @@ class WorkerPool:
                 # Decided here before the reply was read (output over the cap found while draining,
                 # or a deadline or cancel that raced the reply): that decision is the answer.
                 result = job.outcome.model_copy(update={
-                    k: getattr(result, k) for k in ("worker", "stats", "limits", "executor", "stdout", "stderr")})
-            self.on_done(job, result)
-        if closed:
-            self._unregister(slot.chan.fileno() if slot.chan else -1)
+                    k: getattr(result, k) for k in ("stats", "limits", "executor", "stdout", "stderr")})
+            restarted = slot.killed or memory
+            self._answer(job, result, slot, restarted=restarted)
+            if restarted or not self.config.reuse:
+                self._retire(slot)  # it exits by itself (after a reply the worker is done or must go)
+                break
+        if closed and slot.id in self.slots:
+            self._unregister(slot.chan.fileno())
             if not slot.closed_at:
                 slot.closed_at = time.monotonic()
         self.dispatch()
+        if self.config.reuse and not closed and self.template is not None:
+            with contextlib.suppress(OSError):  # processes a call started with CLONE_PARENT went to the template
+                framing.send(self.template, {"op": "sweep"})
 
-    def _malformed(self, slot: Slot, problem: Exception) -> None:
+    def _malformed(self, slot: Slot, problem: Exception, kind: str = "crashed") -> None:
         """The worker's channel carried something our worker code never sends: tool code wrote on
         it. Nothing more it says can be trusted; replace it."""
         log.error("worker %d sent a malformed message (%s); replacing it", slot.id, problem)
         if slot.job is not None and slot.job.outcome is None:
-            slot.job.outcome = Result.failure(
-                slot.job.call_id, "crashed",
-                "the worker sent the executor a malformed message (did the tool write to a descriptor it "
-                "inherited?); it was killed")
+            if kind == "output_limit":
+                slot.job.outcome = Result.failure(slot.job.call_id, "output_limit",
+                                                  f"the worker's reply was too large ({problem}); it was killed")
+            else:
+                slot.job.outcome = Result.failure(
+                    slot.job.call_id, "crashed",
+                    "the worker sent the executor a malformed message (did the tool write to a descriptor it "
+                    "inherited?); it was killed")
         self._kill(slot, "malformed message")
 
-    def _result_from_reply(self, job: Job, slot: Slot, reply: dict[str, Any], restarted: bool) -> Result:
+    def _result_from_reply(self, job: Job, slot: Slot, reply: dict[str, Any]) -> Result:
         """Build the result from a worker's reply. What the worker says (ok, value, error, signals,
         stats) is validated, since tool code shares its process; what the supervisor knows itself is
         not. This runs on every call, so it avoids validating twice."""
@@ -399,56 +530,87 @@ class WorkerPool:
             value=reply.get("value"),
             value_is_repr=reply.get("value_is_repr") is True,
             error=error,
-            stdout=job.stdout.decode(errors="replace") if job.stdout else "",
-            stderr=job.stderr.decode(errors="replace") if job.stderr else "",
+            stdout="",
+            stderr="",
             signals=[Signal.model_validate(s) for s in signals],
-            worker=WorkerInfo.model_construct(id=slot.id, pid=slot.pid, incarnation=slot.incarnation,
-                                              restarted=restarted),
+            worker=None,
             stats=stats,
             limits=job.limits,
             executor=self.executor_id,
         )
 
+    def _answer(self, job: Job, result: Result, slot: Slot, *, restarted: bool) -> None:
+        """Complete a result with what the pool knows (worker, output, limits) and hand it on."""
+        result.worker = WorkerInfo.model_construct(id=slot.id, pid=slot.pid, incarnation=slot.id,
+                                                   restarted=restarted)
+        result.stdout = job.stdout.decode(errors="replace") if job.stdout else ""
+        result.stderr = job.stderr.decode(errors="replace") if job.stderr else ""
+        result.limits = job.limits
+        result.executor = self.executor_id
+        self.on_done(job, result)
+
     def _kill(self, slot: Slot, why: str) -> None:
-        if slot.pid and not slot.killed:
+        if not slot.killed:
             log.info("killing worker %d (pid %d): %s", slot.id, slot.pid, why)
-            slot.killed = True
+            slot.killed_at = time.monotonic()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(slot.pid, signal.SIGKILL)
 
-    def _worker_gone(self, slot: Slot, sig: int, code: int | None, oom: bool = False) -> None:
+    def _retire(self, slot: Slot) -> None:
+        """Forget a worker that is done (answered its one call, or was killed): its exit is expected
+        within ``RETIRE_GRACE``, else it is killed."""
+        self.retiring[slot.pid] = time.monotonic()
+        self._close_slot(slot)
+        self._refill()
+
+    def _abandon(self, slot: Slot, why: str) -> None:
+        """Answer the call of a worker that will not die and forget the worker; its exit, if it ever
+        comes, is only logged. Its slot is refilled at once."""
+        log.error("worker %d (pid %d) %s; its call is answered and the process abandoned", slot.id, slot.pid, why)
+        job = slot.job
+        if job is not None:
+            slot.job = None
+            self._drain_output(slot)
+            result = job.outcome or Result.failure(job.call_id, "crashed", f"the worker {why}")
+            result.stats = Stats(wall_s=time.monotonic() - job.started)
+            self._answer(job, result, slot, restarted=True)
+        self.abandoned[slot.pid] = why
+        self._trim_abandoned()
+        self._close_slot(slot)
+        self.dispatch()
+
+    def _trim_abandoned(self) -> None:
+        while len(self.abandoned) > MAX_ABANDONED:
+            self.abandoned.pop(next(iter(self.abandoned)))
+
+    def _worker_gone(self, slot: Slot, sig: int, code: int | None, oom: bool = False,
+                     cpu_s: float = 0.0, peak_rss_kb: int = 0) -> None:
         """The worker process is dead: finish its call, free its slot, make a new one."""
         job = slot.job
         if job is not None:
+            slot.job = None
             self._drain_output(slot)
             wall = time.monotonic() - job.started
             result = job.outcome or _death_result(job, sig, code, oom)
             assert result.error is not None
             if result.error.kind == "crashed":
                 result.error.signal = sig or None
-            result.worker = WorkerInfo(id=slot.id, pid=slot.pid, incarnation=slot.incarnation, restarted=True)
-            result.stats = Stats(wall_s=wall)
-            result.limits = job.limits
-            result.executor = self.executor_id
-            result.stdout = job.stdout.decode(errors="replace")
-            result.stderr = job.stderr.decode(errors="replace")
-            slot.job = None
-            self.on_done(job, result)
+            result.stats = Stats(wall_s=wall, cpu_s=cpu_s, peak_rss_kb=peak_rss_kb)
+            self._answer(job, result, slot, restarted=True)
         self._close_slot(slot)
-        self._spawn(slot)
+        self.dispatch()
 
     def _close_slot(self, slot: Slot) -> None:
-        for fd in (slot.chan.fileno() if slot.chan else -1, slot.out_fd, slot.err_fd):
+        for fd in (slot.chan.fileno(), slot.out_fd, slot.err_fd):
             self._unregister(fd)
-        if slot.chan is not None:
-            slot.chan.close()
+        slot.chan.close()
         for fd in (slot.out_fd, slot.err_fd):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        slot.chan, slot.reader, slot.out_fd, slot.err_fd = None, None, -1, -1
-        slot.pid, slot.closed_at, slot.killed = 0, 0.0, False
+        slot.out_fd = slot.err_fd = -1
         slot.outbuf.clear()
+        self.slots.pop(slot.id, None)
 
     def _unregister(self, fd: int) -> None:
         if fd >= 0 and self.fd_owner.pop(fd, None) is not None and self.poller is not None:

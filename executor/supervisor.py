@@ -19,12 +19,13 @@ from typing import Any
 
 import zmq
 
-from executor.calls import CallTable, Job
+from executor.calls import MAX_QUEUE_BYTES, MAX_QUEUE_WAIT, CallTable, Job, fingerprint
 from executor.endpoint import ClientSide, EndpointError, RouterEndpoint
 from executor.limits import effective_limits
 from executor.link import BrokerLink
 from executor.metrics import CallStats, MetricsServer
 from executor.pool import StartupError, WorkerPool
+from executor.worker import WorkerConfig
 from protocol import (
     BindError,
     Call,
@@ -68,6 +69,11 @@ class Supervisor:
         connect: bool = False,
         curve_server_key: str | None = None,
         metrics: str | None = None,
+        reuse_workers: bool = False,
+        pass_env: list[str] | None = None,
+        insecure: bool = False,
+        max_queue_mb: int = MAX_QUEUE_BYTES // 1024**2,
+        max_queue_wait: float = MAX_QUEUE_WAIT,
     ) -> None:
         self.endpoint = endpoint  # to bind, or with ``connect`` the broker's backend to connect to
         self.connect = connect
@@ -84,9 +90,11 @@ class Supervisor:
         self.curve_clients = curve_clients
         self.executor_id = uuid.uuid4().hex[:12]
         self.incarnation = time.time_ns() // 1000 % (1 << 53)  # distinct across restarts
-        self.calls = CallTable(max_queue)
-        self.pool = WorkerPool(tools, limits=limits, workers=workers, executor_id=self.executor_id,
-                               use_cgroups=use_cgroups, on_done=self._finish, next_job=self.calls.next_queued)
+        self.insecure = insecure
+        self.calls = CallTable(max_queue, max_queue_bytes=max_queue_mb * 1024**2, max_wait=max_queue_wait)
+        config = WorkerConfig(targets=tools, limits=limits, name=self.executor_id, use_cgroups=use_cgroups,
+                              reuse=reuse_workers, pass_env=list(pass_env or ()))
+        self.pool = WorkerPool(config, size=workers, on_done=self._finish, next_job=self.calls.next_queued)
         self.clients: ClientSide | None = None
         self.stopping = False
         self.exit_code = 0  # 1 when it stops because it cannot go on (the template died)
@@ -98,8 +106,11 @@ class Supervisor:
         if self.workspace:
             os.environ["CIAYN_WORKSPACE"] = os.path.abspath(self.workspace)
             os.chdir(self.workspace)
-        if self.endpoint.startswith("ipc://") and not self.connect:
-            RouterEndpoint.check_free(self.endpoint)  # before the template: fail fast
+        if not self.connect:
+            try:  # before the template: fail fast
+                RouterEndpoint.check_endpoint(self.endpoint, curve=bool(self.curve_secret), insecure=self.insecure)
+            except EndpointError as e:
+                raise StartupError(str(e)) from None
         self.pool.start_template()  # before any ZeroMQ context exists
         ctx = zmq.Context()
         try:
@@ -126,9 +137,10 @@ class Supervisor:
         self.pool.attach(poller)
         limits = self.limits
         log.info(
-            "serving %d tools on %s (workers: %d, profile: %s, timeout %.0fs, memory %d MB, cgroups: %s)",
-            len(self.pool.specs), self.clients.describe(), len(self.pool.slots), self.profile, limits.timeout_s,
-            limits.memory_mb, self.pool.cgroups or "none (rlimits and subreaper only)",
+            "serving %d tools on %s (workers: %d %s, profile: %s, timeout %.0fs, memory %d MB, cgroups: %s)",
+            len(self.pool.specs), self.clients.describe(), self.pool.size,
+            "reused (tools are trusted)" if self.pool.config.reuse else "fresh per call",
+            self.profile, limits.timeout_s, limits.memory_mb, self.pool.cgroups or "none (rlimits and subreaper only)",
         )
         try:
             self._loop(poller, wake_r, parent_fd)
@@ -138,7 +150,8 @@ class Supervisor:
 
     def _open_clients(self, ctx: zmq.Context[Any]) -> ClientSide:
         if not self.connect:
-            return RouterEndpoint(ctx, self.endpoint, curve_secret=self.curve_secret, curve_clients=self.curve_clients)
+            return RouterEndpoint(ctx, self.endpoint, curve_secret=self.curve_secret, curve_clients=self.curve_clients,
+                                  insecure=self.insecure)
         server_key = load_public(self.curve_server_key) if self.curve_server_key else None
         keys = load_pair(self.curve_secret) if self.curve_secret else None
         return BrokerLink(ctx, self.endpoint, announce=self._ready, curve_server_key=server_key, curve_keys=keys)
@@ -190,7 +203,7 @@ class Supervisor:
             # Right after handing a call to a worker, poll without sleeping for a moment: a quick
             # call's reply is then read without the cost of waking this process up again.
             now = time.monotonic()
-            due = min(self.pool.timeout_s(now), self.clients.tick(now))
+            due = min(self.pool.timeout_s(now), self.clients.tick(now), self._expire_queued(now))
             if self.clients.failed:
                 self.stopping, self.exit_code = True, 1
                 break
@@ -221,7 +234,7 @@ class Supervisor:
         for route, msg in self.clients.receive():
             if isinstance(msg, ProtocolError):
                 log.warning("protocol error from client %s: %s", route.hex()[:8], msg)
-                self._send(route, msg.result())
+                self._send(route, msg.reply())
             elif isinstance(msg, Call):
                 self._on_call(route, msg)
             elif isinstance(msg, Ping):
@@ -230,9 +243,9 @@ class Supervisor:
             elif isinstance(msg, Hello):
                 self._send(route, Welcome(executor=self.executor_id, incarnation=self.incarnation,
                                           tools=list(self.pool.specs.values()), limits=self.limits,
-                                          workers=len(self.pool.slots), profile=self.profile))
+                                          workers=self.pool.size, profile=self.profile))
             elif isinstance(msg, Cancel):
-                self._on_cancel(msg.id)
+                self._on_cancel(route, msg.id)
             elif isinstance(msg, Status):
                 self._send(route, self.report(time.monotonic()))
             else:
@@ -255,45 +268,57 @@ class Supervisor:
             self._send(route, Result.failure("", "protocol", "a call must carry an id"))
             return
         cid = call.id
-        cached = self.calls.cached(cid)
-        if cached is not None:
-            log.info("call %s %s: duplicate id, answered from cache", cid, call.tool)
-            self._send(route, cached)
-            return
-        running = self.calls.running(cid)
-        if running is not None:
-            if route not in running.waiters:
-                running.waiters.append(route)
-            log.info("call %s %s: duplicate id joined the running call", cid, call.tool)
+        size, digest = fingerprint(call)
+        seen = self.calls.seen(route, call, digest)
+        if seen is not None:
+            answer = "answered from cache" if seen.frames else "joined the running call" if seen.joined else "refused"
+            log.info("call %s %r: duplicate id, %s", cid, call.tool[:64], answer)
+            if seen.frames is not None:
+                self._send(route, seen.frames)
+            elif seen.refusal is not None:
+                self._refuse(route, seen.refusal)
             return
         spec = self.pool.specs.get(call.tool)
         if spec is None:
             names = ", ".join(sorted(self.pool.specs))
-            self._reply_now(route, Result.failure(cid, "unknown_tool",
-                                                  f"no tool named {call.tool!r}; available: {names}"))
+            self._refuse(route, Result.failure(cid, "unknown_tool",
+                                               f"no tool named {call.tool[:64]!r}; available: {names}"))
             return
         try:
             spec.bind(call.args, call.kwargs)
         except BindError as e:
-            self._reply_now(route, Result.failure(cid, "bad_arguments", f"{e}; signature: {spec.name}{spec.signature}"))
+            self._refuse(route, Result.failure(cid, "bad_arguments", f"{e}; signature: {spec.name}{spec.signature}"))
             return
-        if self.calls.queue_full():
-            full = f"the executor's queue is full ({self.calls.max_queue} calls)"
-            self._send(route, Result.failure(cid, "unavailable", full))
+        job = Job(call=call, call_id=cid, waiters=[route], limits=effective_limits(self.limits, spec, call),
+                  size=size, digest=digest)
+        refusal = self.calls.admit(job, time.monotonic())
+        if refusal is not None:
+            self._refuse(route, refusal)
             return
-        self.calls.admit(Job(call=call, call_id=cid, waiters=[route],
-                             limits=effective_limits(self.limits, spec, call)))
         self.pool.dispatch()
+        self._expire_queued(time.monotonic())
 
-    def _reply_now(self, route: bytes, result: Result) -> None:
+    def _refuse(self, route: bytes, result: Result) -> None:
+        """Answer a call that is not run; refusals are not remembered (SPEC.md section 8)."""
         result.executor = self.executor_id
-        frames = self._encode(result)
-        self.calls.remember(result.id, frames)
-        self._send(route, frames)
+        self._send(route, result)
 
-    def _on_cancel(self, cid: str) -> None:
+    def _expire_queued(self, now: float) -> float:
+        """Answer the calls that waited in the queue past their timeout (or --max-queue-wait);
+        return the seconds until the next one would."""
+        due = self.calls.expire(now)
+        for job, result in self.calls.take_expired():
+            result.executor = self.executor_id
+            log.info("call %s %s: unavailable (waited in the queue)", job.call_id, job.call.tool)
+            self.stats.observe(job.call.tool, result, 0.0)
+            for route in job.waiters:
+                self._send(route, result)
+        return due
+
+    def _on_cancel(self, route: bytes, cid: str) -> None:
+        """Only a client waiting for the call (its sender, or one that resent it) may cancel it."""
         job = self.calls.running(cid)
-        if job is None:
+        if job is None or route not in job.waiters:
             return
         outcome = Result.failure(cid, "cancelled", "the call was cancelled")
         if self.calls.unqueue(job):
@@ -306,7 +331,7 @@ class Supervisor:
     def _finish(self, job: Job, result: Result) -> None:
         self.calls.done(job)
         frames = self._encode(result)
-        self.calls.remember(result.id, frames)
+        self.calls.remember(result.id, frames, job.waiters[0])
         status = "ok" if result.ok else f"{result.error.kind if result.error else '?'}"
         wall = f" {result.stats.wall_s * 1000:.1f}ms" if result.stats else ""
         log.info("call %s %s: %s%s", job.call_id, job.call.tool, status, wall)

@@ -7,9 +7,16 @@ replacement worker is ready in milliseconds with the tools already imported. The
 child subreaper: when a worker dies, whatever it left behind is reparented to the template, which
 kills it. It reports every worker's exit status to the supervisor.
 
-A **worker** is itself a child subreaper in its own session. It reads calls from its channel, runs
-each under the call's limits with stdout/stderr going to pipes the supervisor reads, and after each
-call kills every process the call left behind.
+A **worker** is itself a child subreaper in its own session. It holds nothing but /dev/null as
+stdin, its stdout/stderr pipes (read by the supervisor) and its channel; every other descriptor the
+template or the supervisor had is closed. By default it runs **exactly one call** and exits, so
+nothing a call leaves in its process (patched modules, threads, alarms, a forged reply) reaches a
+later call; the template keeps workers forked ahead so a call does not wait for a fork. With
+``reuse`` (``--reuse-workers``, for trusted tools that keep state) it loops over calls. Either way,
+after each call it kills every process the call left behind.
+
+The template runs with the environment allowlist (``protocol.environment``) applied before it
+imports any tool module, so no tool, at import or at call time, sees the executor's secrets.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -33,12 +41,50 @@ from executor.cgroups import CgroupSupport, Group
 from executor.limits import apply_call_limits, apply_process_limits
 from executor.registry import RegistryError, Tool, load_tools
 from protocol import BindError, Limits, ValueRefused, check_value
+from protocol.environment import allowed_environment
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 MAX_TRACEBACK_CHARS = 4000
+MAX_MESSAGE_CHARS = 4000
+MAX_TYPE_CHARS = 200
+MAX_SIGNALS = 64
+MAX_SIGNAL_CHARS = 4000
 MAX_REPR_CHARS = 100_000
+REPLY_OVERHEAD = 64 * 1024  # room for the error, signals and stats around a result of max_result_kb
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What the template needs to make workers: set once by the supervisor when it forks it."""
+
+    targets: list[str]
+    limits: Limits
+    name: str = "x"  # the executor's id: names the per-worker control groups
+    use_cgroups: bool = True
+    reuse: bool = False  # --reuse-workers: a worker runs many calls (trusted tools only)
+    pass_env: list[str] = field(default_factory=list)
+
+
+def reply_cap(limits: Limits) -> int:
+    """The largest reply frame a worker may send for a call with these limits; the supervisor kills a
+    worker that announces a larger one before reading it."""
+    return limits.max_result_kb * 1024 + REPLY_OVERHEAD
+
+
+def close_fds_except(*keep: int) -> None:
+    """Close every descriptor of this process except ``keep`` (and nothing below 0)."""
+    lo = 0
+    for fd in [*sorted(k for k in set(keep) if k >= 0), max(_max_fd(), max(keep, default=0) + 1)]:
+        if fd > lo:  # never an empty range: closerange(n, n) closes everything from n on
+            os.closerange(lo, fd)
+        lo = fd + 1
+
+
+def _max_fd() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if 0 < soft < 1 << 20 else 1 << 20
 
 
 def _prctl(option: int, value: int) -> None:
@@ -96,51 +142,54 @@ def kill_children(keep: frozenset[int] = frozenset(), rounds: int = 200) -> int:
 # template
 
 
-def template_main(chan: socket.socket, targets: list[str], limits: Limits, name: str = "x",
-                  use_cgroups: bool = True) -> None:
-    """Entry of the template process (never returns). ``name`` (the executor's id) names the
-    per-worker control groups, made when the machine offers them and ``use_cgroups`` is set."""
+def template_main(chan: socket.socket, config: WorkerConfig) -> None:
+    """Entry of the template process (never returns)."""
     code = 0
-    pool = _Workers(CgroupSupport.detect() if use_cgroups else None, name, limits)
-    if pool.cgroups is not None:
-        pool.cgroups.sweep()
     try:
+        close_fds_except(0, 1, 2, chan.fileno())  # the supervisor's pidfd, sockets, pipes: not ours
+        kept = allowed_environment(os.environ, config.pass_env)
+        os.environ.clear()
+        os.environ.update(kept)
+        pool = _Workers(CgroupSupport.detect() if config.use_cgroups else None, config)
+        if pool.cgroups is not None:
+            pool.cgroups.sweep()
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         os.setsid()
         try:
-            tools = load_tools(targets)
+            tools = load_tools(config.targets)
         except RegistryError as e:
             framing.send(chan, {"op": "error", "message": str(e)})
             os._exit(3)
         framing.send(chan, {"op": "tools", "specs": [t.spec.model_dump() for t in tools.values()],
                             "cgroups": pool.cgroups.describe() if pool.cgroups else ""})
-        _template_loop(chan, tools, limits, pool)
+        _template_loop(chan, tools, pool)
     except BaseException:
         traceback.print_exc()
         code = 1
     kill_children()  # the workers die with us (PDEATHSIG); what they left must not go to init
-    pool.remove_all()
+    with contextlib.suppress(BaseException):
+        pool.remove_all()
     os._exit(code)
 
 
 class _Workers:
     """The template's live workers and their control groups."""
 
-    def __init__(self, cgroups: CgroupSupport | None, name: str, limits: Limits) -> None:
+    def __init__(self, cgroups: CgroupSupport | None, config: WorkerConfig) -> None:
         self.cgroups = cgroups
-        self.name = name
-        self.limits = limits
+        self.config = config
         self.groups: dict[int, Group | None] = {}
         self.count = 0
 
-    def new_group(self, slot: int) -> Group | None:
+    def new_group(self, worker: int) -> Group | None:
         if self.cgroups is None:
             return None
         self.count += 1
+        limits = self.config.limits
         try:
-            return self.cgroups.create(f"{self.name}-{slot}-{self.count}", self.limits.memory_mb,
-                                       self.limits.processes)
+            return self.cgroups.create(f"{self.config.name}-{worker}-{self.count}", limits.memory_mb,
+                                       limits.processes)
         except OSError as e:
             print(f"ciayn-executor: cannot make control groups for a worker ({e}); rlimits only", file=sys.stderr)
             return None
@@ -152,10 +201,15 @@ class _Workers:
         oom = group.oom_killed() if group is not None else False
         if group is not None:
             group.kill_all()
-        kill_children(keep=frozenset(self.groups))  # as subreaper, the dead worker's orphans are ours
+        self.sweep()
         if group is not None:
             group.remove()
         return oom
+
+    def sweep(self) -> None:
+        """Kill every child of the template that is not a live worker: orphans of dead workers
+        (reparented to us, the subreaper) and processes a tool started with ``CLONE_PARENT``."""
+        kill_children(keep=frozenset(self.groups))
 
     def remove_all(self) -> None:
         for group in self.groups.values():
@@ -165,7 +219,7 @@ class _Workers:
         self.groups.clear()
 
 
-def _template_loop(chan: socket.socket, tools: dict[str, Tool], limits: Limits, pool: _Workers) -> None:
+def _template_loop(chan: socket.socket, tools: dict[str, Tool], pool: _Workers) -> None:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
@@ -181,20 +235,23 @@ def _template_loop(chan: socket.socket, tools: dict[str, Tool], limits: Limits, 
         if chan.fileno() in ready:
             try:
                 req = framing.recv(chan)
-            except (EOFError, OSError):  # the supervisor closed (or reset) the channel: shutting down
+            except (EOFError, OSError, framing.FrameError):  # the supervisor closed the channel: shutting down
                 return
-            if req.get("op") == "spawn":
-                group = pool.new_group(req["slot"])
-                pid = _spawn_worker(chan, req, tools, limits, group, wake_r, wake_w)
+            op = req.get("op") if isinstance(req, dict) else None
+            if op == "spawn":
+                group = pool.new_group(req["worker"])
+                pid = _spawn_worker(chan, req["worker"], tools, pool.config, group)
                 pool.groups[pid] = group
+            elif op == "sweep":
+                pool.sweep()
 
 
 def _reap(chan: socket.socket, pool: _Workers) -> bool:
-    """Reap dead children, report dead workers; False when the supervisor can no longer be told
-    (it closed the channel: shutting down)."""
+    """Reap dead children, report dead workers with what the kernel measured of them; False when
+    the supervisor can no longer be told (it closed the channel: shutting down)."""
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return True
         if pid == 0:
@@ -204,15 +261,14 @@ def _reap(chan: socket.socket, pool: _Workers) -> bool:
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
             try:
-                framing.send(chan, {"op": "exited", "pid": pid, "signal": sig, "code": code, "oom": oom})
+                framing.send(chan, {"op": "exited", "pid": pid, "signal": sig, "code": code, "oom": oom,
+                                    "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_kb": usage.ru_maxrss})
             except OSError:
                 return False
 
 
-def _spawn_worker(
-    chan: socket.socket, req: dict[str, Any], tools: dict[str, Tool], limits: Limits, group: Group | None,
-    *close: int,
-) -> int:
+def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], config: WorkerConfig,
+                  group: Group | None) -> int:
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -220,15 +276,12 @@ def _spawn_worker(
     if pid == 0:
         code = 0
         try:
-            chan.close()
-            parent_end.close()
-            for fd in (out_r, err_r, *close):
-                os.close(fd)
             signal.set_wakeup_fd(-1)
+            close_fds_except(0, 1, 2, child_end.fileno(), out_w, err_w)  # the template's channel too
             if group is not None:
                 group.join()  # before any tool code: memory, process count and kill cover all it starts
-            _worker_setup(out_w, err_w, limits)
-            worker_loop(child_end, tools, limits)
+            _worker_setup(out_w, err_w, config)
+            worker_loop(child_end, tools, config)
         except BaseException:
             code = 70
             with contextlib.suppress(BaseException):
@@ -237,7 +290,7 @@ def _spawn_worker(
     child_end.close()
     os.close(out_w)
     os.close(err_w)
-    framing.send_with_fds(chan, {"op": "spawned", "slot": req["slot"], "pid": pid}, [parent_end.fileno(), out_r, err_r])
+    framing.send_with_fds(chan, {"op": "spawned", "worker": worker, "pid": pid}, [parent_end.fileno(), out_r, err_r])
     parent_end.close()
     os.close(out_r)
     os.close(err_r)
@@ -248,7 +301,7 @@ def _spawn_worker(
 # worker
 
 
-def _worker_setup(out_w: int, err_w: int, limits: Limits) -> None:
+def _worker_setup(out_w: int, err_w: int, config: WorkerConfig) -> None:
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -266,27 +319,59 @@ def _worker_setup(out_w: int, err_w: int, limits: Limits) -> None:
     sys.stdin = open(0, closefd=False)  # noqa: SIM115 - lives as long as the worker
     sys.stdout = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
-    apply_process_limits(limits)
+    apply_process_limits(config.limits, hard=not config.reuse)
 
 
-def worker_loop(chan: socket.socket, tools: dict[str, Tool], defaults: Limits) -> None:
+def worker_loop(chan: socket.socket, tools: dict[str, Tool], config: WorkerConfig) -> None:
+    """Serve calls from the channel: one, or (``config.reuse``) until the channel closes."""
     while True:
         try:
             req = framing.recv(chan)
         except EOFError:
             return
-        reply, replace = run_call(req, tools, defaults)
+        reply, replace = run_call(req, tools, config.limits, hard=not config.reuse)
         reply["seq"] = req.get("seq")
-        try:
-            data = framing.pack(reply)
-        except ValueError:  # UnicodeEncodeError: a message holds a surrogate escape (a non-UTF-8 file name)
-            data = framing.pack(_utf8_safe(reply))
+        data = _pack_reply(reply, reply_cap(_call_limits(req, config.limits)))
         try:
             chan.sendall(data)
         except OSError:
             return
-        if replace:
+        if replace or not config.reuse:
             return
+
+
+def _pack_reply(reply: dict[str, Any], cap: int) -> bytes:
+    """The reply's frame, cut to fit ``cap``: an error's type, message and traceback and the signals
+    are shortened (with a note) rather than dropped."""
+    try:
+        data = framing.pack(reply)
+    except ValueError:  # UnicodeEncodeError: a message holds a surrogate escape (a non-UTF-8 file name)
+        reply = _utf8_safe(reply)
+        data = framing.pack(reply)
+    if len(data) <= cap:
+        return data
+    error = reply.get("error")
+    if isinstance(error, dict):
+        for key, limit in (("traceback", 1000), ("message", 1000), ("type", MAX_TYPE_CHARS)):
+            if isinstance(error.get(key), str):
+                error[key] = _cut(error[key], limit)
+    sigs = reply.get("signals") or []
+    reply["signals"] = [{**s, "message": _cut(s.get("message", ""), 1000)} for s in sigs[:8]]
+    data = framing.pack(reply)
+    if len(data) > cap:  # still too large: only the value can be (it passed its own check)
+        reply.pop("value", None)
+        reply["ok"] = False
+        reply["error"] = {"kind": "output_limit", "message": f"the reply is over the {cap}-byte limit"}
+        data = framing.pack(reply)
+    return data
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... [cut: {len(text)} characters in all]"
+
+
+def _call_limits(req: dict[str, Any], defaults: Limits) -> Limits:
+    return Limits.model_validate(req["limits"]) if req.get("limits") else defaults
 
 
 def _utf8_safe(obj: Any) -> Any:
@@ -300,21 +385,20 @@ def _utf8_safe(obj: Any) -> Any:
     return obj
 
 
-_clear_refs_fd: int | None = None
-
-
 def _reset_peak_rss() -> None:
     """Make ru_maxrss measure this call: writing 5 to /proc/self/clear_refs resets the peak RSS
-    (the worker never exec'd, so its rusage peak is the address space's high-water mark)."""
-    global _clear_refs_fd
-    if _clear_refs_fd is None:
-        try:
-            _clear_refs_fd = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
-        except OSError:
-            _clear_refs_fd = -1  # not available here: the peak is the worker's lifetime peak
-    if _clear_refs_fd >= 0:
-        with contextlib.suppress(OSError):
-            os.write(_clear_refs_fd, b"5")
+    (the worker never exec'd, so its rusage peak is the address space's high-water mark). The file
+    is not kept open: a descriptor would be inherited by whatever the tool starts."""
+    try:
+        fd = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return  # not available here: the peak is the worker's lifetime peak
+    try:
+        os.write(fd, b"5")
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _cpu() -> float:
@@ -323,10 +407,12 @@ def _cpu() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
-def run_call(req: dict[str, Any], tools: dict[str, Tool], defaults: Limits) -> tuple[dict[str, Any], bool]:
-    """Run one call; return the reply for the supervisor and whether this worker must be replaced."""
+def run_call(req: dict[str, Any], tools: dict[str, Tool], defaults: Limits,
+             hard: bool = True) -> tuple[dict[str, Any], bool]:
+    """Run one call; return the reply for the supervisor and whether this worker must be replaced.
+    ``hard``: the call's limits are set as hard limits too (a fresh worker: the tool cannot lift them)."""
     t = tools.get(req["tool"])
-    limits = Limits.model_validate(req["limits"]) if req.get("limits") else defaults
+    limits = _call_limits(req, defaults)
     signals.drain()
     replace = False
     reply: dict[str, Any]
@@ -336,7 +422,7 @@ def run_call(req: dict[str, Any], tools: dict[str, Tool], defaults: Limits) -> t
         t.spec.bind(req["args"], req["kwargs"])
     except BindError as e:
         return {"ok": False, "error": {"kind": "bad_arguments", "message": str(e)}}, False
-    apply_call_limits(limits)
+    apply_call_limits(limits, hard=hard)
     _reset_peak_rss()
     wall0, cpu0 = time.perf_counter(), _cpu()
     try:
@@ -358,7 +444,8 @@ def run_call(req: dict[str, Any], tools: dict[str, Tool], defaults: Limits) -> t
     leftovers = kill_children() if _has_children() else 0
     reply["cpu_s"] = _cpu() - cpu0
     reply["peak_rss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    reply["signals"] = [s.model_dump() for s in signals.drain()]
+    reply["signals"] = [{"kind": s.kind, "message": _cut(s.message, MAX_SIGNAL_CHARS)}
+                        for s in signals.drain()[:MAX_SIGNALS]]
     if leftovers:
         reply["leftovers"] = leftovers
     return reply, replace
@@ -374,15 +461,24 @@ def _tool_error(e: BaseException) -> dict[str, Any]:
         message = "the tool raised KeyboardInterrupt"
     else:
         message = _safe_str(e)
-    return {"kind": "tool_error", "type": type(e).__name__, "message": message, "traceback": tb}
+    return {"kind": "tool_error", "type": _cut(_safe_type_name(e), MAX_TYPE_CHARS), "message": message,
+            "traceback": tb}
+
+
+def _safe_type_name(e: BaseException) -> str:
+    try:
+        name = type(e).__name__
+    except Exception:
+        name = "?"
+    return name if isinstance(name, str) else "?"
 
 
 def _safe_str(e: BaseException) -> str:
     try:
         text = str(e)
     except Exception:
-        text = f"<{type(e).__name__} whose str() failed>"
-    return text[:MAX_TRACEBACK_CHARS]
+        text = f"<{_safe_type_name(e)[:MAX_TYPE_CHARS]} whose str() failed>"
+    return _cut(text, MAX_MESSAGE_CHARS) if isinstance(text, str) else "?"
 
 
 def _encode_value(value: Any, limits: Limits) -> dict[str, Any]:

@@ -253,7 +253,8 @@ def test_a_stop_signal_cancels_the_running_call_and_leaves_nothing(
     daemon_pid = int(marker.read_text())
     pids = tree(local.proc.pid)
     assert daemon_pid in pids
-    assert len(pids) == 5, f"expected supervisor, template, two workers and a daemon, got {pids}"
+    # supervisor, template, the busy worker and its daemon, and the workers forked ahead
+    assert len(pids) >= 5, f"expected supervisor, template, workers and a daemon, got {pids}"
 
     local.proc.send_signal(signum)
     result = running.result(timeout=10)
@@ -299,7 +300,7 @@ def test_the_executor_exits_when_the_process_that_started_it_dies(starter: str, 
         with ExecutorClient(endpoint, connect_timeout=START_WITHIN) as client:
             assert client.call(Call(tool="noop")).ok
         pids = tree(int(pid_text))
-        assert len(pids) == 3, f"expected supervisor, template and worker, got {describe(pids)}"
+        assert len(pids) >= 3, f"expected supervisor, template and workers, got {describe(pids)}"
     finally:
         parent.kill()
         parent.wait(10)
@@ -310,22 +311,23 @@ def test_the_executor_exits_when_the_process_that_started_it_dies(starter: str, 
         if starter == "LocalExecutor":  # the killed controller could not remove its private dir
             shutil.rmtree(Path(endpoint[len("ipc://"):]).parent, ignore_errors=True)
 
-def test_a_tool_that_kills_the_template_stops_the_executor_with_a_failure_status(
+def test_a_tool_that_kills_the_template_is_answered_and_the_executor_recovers(
     make_client: Callable[..., ExecutorClient],
 ) -> None:
-    """In the default profile a tool runs as the executor's uid and can kill its template; then no
-    worker can ever be made again. The executor must not pretend all is well: it answers the call,
-    stops with a non-zero status (so a process manager restarts it), and leaves nothing behind."""
+    """In the default profile a tool runs as the executor's uid and can kill its template. The call
+    that did it is answered, a new template is made, later calls succeed, and the old template's
+    tree is gone."""
     client = make_client(tools=[FAULTY])
     local: LocalExecutor = client.local  # type: ignore[attr-defined]
     assert local.proc is not None and local.dir is not None
-    pids = tree(local.proc.pid)
+    old = [p for p in tree(local.proc.pid) if p != local.proc.pid]
     r = client.call(Call(tool="kill_parent"), timeout=20)
     assert r.error is not None and r.error.kind in ("cancelled", "crashed"), r
-    assert local.proc.wait(10) == 1
-    assert "the template process died" in local.log_path.read_text()
-    assert not (local.dir / "executor.sock").exists()
-    assert wait_until_dead(pids) == []
+    for _ in range(3):
+        assert client.call(Call(tool="noop"), timeout=20).ok
+    assert local.proc.poll() is None
+    assert "replacing it" in local.log_path.read_text()
+    assert wait_until_dead(old) == []
 
 
 def test_a_relative_tool_file_is_found_from_where_the_command_ran_even_with_a_workspace(tmp_path: Path) -> None:
