@@ -262,6 +262,8 @@ def render_value(result: Result) -> str:
     else:
         text = json.dumps(value, ensure_ascii=False, default=repr)
     parts = [_cut(text)]
+    if result.value_is_repr:
+        parts.insert(0, "(The tool returned an object that is not plain data; this is its repr(), as text.)")
     if result.stdout.strip():
         parts.append(f"It printed:\n{_cut(result.stdout.rstrip())}")
     if result.stderr.strip():

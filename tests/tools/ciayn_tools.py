@@ -47,6 +47,27 @@ def nap(seconds: float) -> str:
     return "rested"
 
 
+@tool(timeout=120)
+def slow(seconds: float) -> str:
+    """Log 'slow started', sleep, then log 'slow finished' (for Ctrl-C tests: a long call)."""
+    _log("slow started")
+    time.sleep(seconds)
+    _log("slow finished")
+    return "slept"
+
+
+@tool
+def repr_only() -> object:
+    """Return an object that is not plain data (it comes back as its repr)."""
+    return {1, 2, 3}
+
+
+@tool
+def typed(count: int, name: str = "x") -> str:
+    """Take an int and a str."""
+    return f"{name} x{count}"
+
+
 @tool
 def tick() -> int:
     """Count this call in ticks.log in the workspace; return how many calls there have been."""
