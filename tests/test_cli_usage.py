@@ -82,7 +82,7 @@ class Ciayn:
             self.proc.kill()
             self.proc.wait()
             output = f"stdout:\n{self.out}\nstderr:\n{self.err}"
-            raise AssertionError(f"ciayn did not exit within {within} s\n{output}") from None from None
+            raise AssertionError(f"ciayn did not exit within {within} s\n{output}") from None
 
     def close(self) -> None:
         if self.proc.poll() is None:
