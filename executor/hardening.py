@@ -30,6 +30,7 @@ filesystem     read-only view of what tools need (``/usr``, ``/etc`` without sha
                interpreter, venv and tool modules, the workspace), size-capped tmpfs ``/tmp`` (the
                cwd) and ``/dev/shm``, own ``/proc`` with ``/proc/sys`` read-only, no ``/sys``, no
                home directories, no socket directory of the executor
+rlimits        hard = soft for the limits not set per call (stack, address space, processes, ...)
 capabilities   bounding, ambient and inheritable sets emptied
 identity       unprivileged uid/gid (default nobody), no supplementary groups
 no-new-privs   setuid binaries and file capabilities grant nothing
@@ -46,6 +47,7 @@ import contextlib
 import ctypes
 import os
 import platform
+import resource
 import struct
 import sys
 import time
@@ -300,6 +302,20 @@ def _apply_identity(sb: Sandbox) -> None:
     _check("capabilities", "capset", _libc.capset(ctypes.byref(header), data))
 
 
+# Limits the executor does not set per call: clamped here (hard = soft) so no tool can lift them.
+# CPU, data, file size, open files and core are the call limits' (``executor.limits``).
+FIXED_RLIMITS = ("RLIMIT_STACK", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_MEMLOCK", "RLIMIT_MSGQUEUE",
+                 "RLIMIT_NICE", "RLIMIT_RTPRIO", "RLIMIT_RTTIME", "RLIMIT_SIGPENDING", "RLIMIT_LOCKS")
+
+
+def _apply_rlimits(sb: Sandbox) -> None:
+    for name in FIXED_RLIMITS:
+        which = getattr(resource, name, None)
+        if which is not None:
+            soft, _ = resource.getrlimit(which)
+            resource.setrlimit(which, (soft, soft))
+
+
 def _apply_no_new_privs(sb: Sandbox) -> None:
     _prctl("no-new-privs", "PR_SET_NO_NEW_PRIVS", PR_SET_NO_NEW_PRIVS, 1)
 
@@ -434,6 +450,8 @@ LAYERS: tuple[Layer, ...] = (
     Layer("cgroup-ns", "seeing its control groups", _probe_ns("cgroup"), flags=CLONE_NEWCGROUP),
     Layer("filesystem", "writes outside /tmp and /dev/shm; homes, shadow files, sockets, /sys",
           _probe_filesystem, _apply_filesystem),
+    Layer("rlimits", "lifting the process limits the executor does not set per call", lambda: None,
+          _apply_rlimits),
     Layer("capabilities", "every capability", _probe_root, _apply_capabilities),
     Layer("identity", "root's files and processes", _probe_root, _apply_identity),
     Layer("no-new-privs", "privileges from setuid binaries", lambda: None, _apply_no_new_privs),

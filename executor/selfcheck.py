@@ -168,17 +168,17 @@ def read_file(paths: list[str]) -> list[str]:
 
 @tool
 def raise_rlimits() -> list[str]:
-    """Raise each hard limit by one, and raise each soft limit up to its hard limit."""
+    """Raise each hard limit by one, and raise each soft limit up to its hard limit; report what worked."""
     out = []
     for name in ("RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_AS", "RLIMIT_NPROC",
                  "RLIMIT_CORE", "RLIMIT_STACK", "RLIMIT_MEMLOCK"):
         which = getattr(resource, name)
         soft, hard = resource.getrlimit(which)
-        if hard != resource.RLIM_INFINITY:
-            out.append(_attempt(_raise_hard, which, hard))
+        if hard != resource.RLIM_INFINITY and (got := _attempt(_raise_hard, which, hard)).startswith("ALLOWED"):
+            out.append(got)
         if soft != hard:
             out.append(f"ALLOWED: {name} soft {soft} can rise to hard {hard}")
-    return out
+    return out or ["denied: every hard limit is fixed and equals its soft limit"]
 
 
 def _raise_hard(which: int, hard: int) -> str:
@@ -624,8 +624,9 @@ class Target:
     executor's environment, and a sibling worker busy with a long call. A context manager: on
     exit the executor is stopped and ``host_rows`` says what it left on the host."""
 
-    def __init__(self, workers: int = 3, quiet: bool = True, extra: tuple[str, ...] = ()) -> None:
-        self.workers, self.quiet, self.extra = workers, quiet, extra
+    def __init__(self, workers: int = 3, quiet: bool = True, extra: tuple[str, ...] = (),
+                 workspace_owner: int | None = None) -> None:
+        self.workers, self.quiet, self.extra, self.owner = workers, quiet, extra, workspace_owner
         self.host_rows: list[Row] = []
 
     def __enter__(self) -> Target:
@@ -639,6 +640,8 @@ class Target:
         with open(os.path.join(workspace, "root-only.txt"), "w") as f:
             f.write("root only")
         os.chmod(os.path.join(workspace, "root-only.txt"), 0o600)
+        if self.owner is not None:
+            os.chown(workspace, self.owner, self.owner)
         sockdir = os.path.join(self.top, "run")
         os.mkdir(sockdir, 0o700)
         sock_path = os.path.join(sockdir, "executor.sock")
@@ -838,6 +841,9 @@ def start_hardened(args: Any) -> int:
     config = hardening.HardenedConfig(
         workspace=os.path.abspath(args.workspace or os.getcwd()), workspace_rw=args.workspace_rw,
         hide=tuple(hide), memory_mb=args.memory_mb, allow_degraded=args.allow_degraded)
+    if problem := _workspace_problem(config):
+        print(f"ciayn-executor: --profile hardened: {problem}", file=sys.stderr)
+        return 2
     missing = hardening.probe_all()
     if missing:
         named = "; ".join(f"{k} ({v})" for k, v in missing.items())
@@ -861,6 +867,22 @@ def start_hardened(args: Any) -> int:
     sandbox = hardening.activate(config)
     atexit.register(sandbox.remove_groups)
     return 0
+
+
+def _workspace_problem(config: Any) -> str | None:
+    """Tools run as ``config.uid``: the workspace must let that uid in (and write, with --workspace-rw)."""
+    try:
+        st = os.stat(config.workspace)
+    except OSError as e:
+        return f"cannot use the workspace: {e}"
+    read = 0o500 if st.st_uid == config.uid else 0o005
+    if st.st_mode & read != read:
+        return (f"tools run as uid {config.uid}, who cannot read the workspace {config.workspace} (mode "
+                f"{st.st_mode & 0o777:o}); make it readable by others (chmod o+rx) or choose another --workspace")
+    if config.workspace_rw and not st.st_mode & (0o200 if st.st_uid == config.uid else 0o002):
+        return (f"--workspace-rw: tools run as uid {config.uid}, who cannot write the workspace {config.workspace}; "
+                f"give it to that uid (chown {config.uid}) or make it writable by others")
+    return None
 
 
 # What the interpreter needs to start from a source checkout; never handed to tools (the template

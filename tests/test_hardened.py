@@ -1,0 +1,239 @@
+"""The hardened profile, attacked for real: every escape of ``executor.selfcheck`` as its own test
+against a real ``serve --profile hardened`` (real namespaces, cgroups, seccomp, Landlock), a
+scripted model driving ``run_shell`` through the same escapes, the start-up gate, and the host left
+as it was found. They need root and the kernel features; elsewhere they skip, naming what is
+missing (CI runs as root, so they run there)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from controller import LocalExecutor
+from controller.ciayn import CiaynAgent
+from controller.models import ScriptedModel
+from executor import hardening, selfcheck
+from protocol import Call, Result
+
+TOOLS = str(Path(__file__).parent / "tools" / "hostile_hardened.py")
+SHELL = ("executor.toolkits.shell" if importlib.util.find_spec("executor.toolkits.shell")
+         else "executor.toolkits.builtin")  # where run_shell lives
+MISSING = hardening.probe_all()
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"this machine lacks hardened layers: {MISSING}")
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[selfcheck.Target]:
+    with selfcheck.Target() as t:
+        yield t
+
+
+@pytest.mark.parametrize("attempt", selfcheck.ATTEMPTS, ids=[a.tool + ":" + a.name for a in selfcheck.ATTEMPTS])
+def test_escape_is_denied(target: selfcheck.Target, attempt: selfcheck.Attempt) -> None:
+    row = target.attempt(attempt)
+    assert row.ok, f"{attempt.layer}: {attempt.name}: expected {attempt.expected}, observed {row.observed}"
+
+
+def test_nothing_is_left_on_the_host_after_the_executor_exits() -> None:
+    """Processes, files in /dev/shm, control groups and mounts of a hardened executor whose calls
+    forked, daemonized, filled /dev/shm and hit the memory limit: all gone once it stopped."""
+    leavers = [a for a in selfcheck.ATTEMPTS
+               if a.tool in ("spawn_daemon", "write_dev_shm", "fork_bomb", "shared_memory_bomb")]
+    with selfcheck.Target() as t:
+        for attempt in leavers:
+            t.attempt(attempt)
+    assert [r.attempt for r in t.host_rows] == [f"host after exit: no {w} left"
+                                                 for w in ("processes", "mounts", "groups", "shm")]
+    assert all(r.ok for r in t.host_rows), [(r.attempt, r.observed) for r in t.host_rows if not r.ok]
+
+
+def test_selfcheck_command_exits_zero_with_json_rows() -> None:
+    proc = subprocess.run([sys.executable, "-m", "executor.cli", "selfcheck", "--json"], capture_output=True,
+                          text=True, timeout=180, check=False)
+    report = json.loads(proc.stdout)
+    failed = [r for r in report["rows"] if not r["ok"]]
+    assert proc.returncode == 0 and report["ok"], failed
+    assert len(report["rows"]) == len(selfcheck.ATTEMPTS) + 4
+    assert {"layer", "attempt", "expected", "observed", "ok"} <= set(report["rows"][0])
+
+
+def test_workspace_rw_lets_tools_write_the_workspace_but_nothing_else() -> None:
+    with selfcheck.Target(workers=2, extra=("--workspace-rw",), workspace_owner=hardening.NOBODY) as t:
+        write = next(a for a in selfcheck.ATTEMPTS if a.name.startswith("write to the workspace"))
+        row = t.attempt(write)
+        assert row.observed.startswith('"ALLOWED: \'wrote'), row.observed
+        written = Path(t.ctx.workspace) / "escaped.txt"
+        assert written.read_text() == "escaped" and written.stat().st_uid == hardening.NOBODY
+        for name in ("write outside scratch", "read a root-only file", "connect to the executor's socket"):
+            attempt = next(a for a in selfcheck.ATTEMPTS if a.name.startswith(name))
+            assert t.attempt(attempt).ok
+
+
+# --- the profile from a client's side: run_shell under a scripted model -------------------------
+
+
+class Recording:
+    """An executor client that keeps every result the agent got."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.results: list[Result] = []
+
+    def tools(self) -> Any:
+        return self.client.tools()
+
+    def submit(self, call: Call, timeout: float | None = None) -> Future[Result]:
+        future: Future[Result] = self.client.submit(call, timeout)
+        future.add_done_callback(lambda f: self.results.append(f.result()))
+        return future
+
+    def call(self, call: Call, timeout: float | None = None) -> Result:
+        return self.submit(call, timeout).result()
+
+    def cancel(self, call_id: str) -> None:
+        self.client.cancel(call_id)
+
+
+@pytest.fixture(scope="module")
+def shell_executor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, LocalExecutor]]:
+    """``serve --profile hardened`` (start-up selfcheck included) with the shell toolkit."""
+    workspace = tmp_path_factory.mktemp("ws")
+    workspace.chmod(0o755)  # tools run as nobody
+    (workspace / "notes.txt").write_text("readable\n")
+    local = LocalExecutor(tools=[SHELL, TOOLS], workspace=workspace, profile="hardened", workers=2, timeout=20,
+                          memory_mb=256, max_processes=32)
+    os.environ["CIAYN_TEST_API_KEY"] = "sk-test-hardened-secret"
+    try:
+        client = local.start()
+    finally:
+        del os.environ["CIAYN_TEST_API_KEY"]
+    yield client, local
+    local.stop()
+
+
+def test_model_driven_run_shell_cannot_get_out(shell_executor: tuple[Any, LocalExecutor]) -> None:
+    client, local = shell_executor
+    assert local.proc is not None
+    supervisor = local.proc.pid
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    mark = f"{uuid.uuid4().int % 10**6:06d}"
+    escapes = {
+        "shadow": "cat /etc/shadow",
+        "ssh": "ls /root/.ssh",
+        "etc": "echo x > /etc/ciayn-escaped",
+        "workspace": "echo x > notes.txt",
+        "tcp": f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 2)\"",
+        "signal": f"kill -0 {supervisor}",
+        "environ": f"cat /proc/{supervisor}/environ",
+        "secret": "env | grep -q sk-test-hardened-secret",
+        "sysctl": "cat /proc/sys/vm/overcommit_memory > /proc/sys/vm/overcommit_memory",
+        "remount": "mount -o remount,rw /",
+        "cgroup": "echo $$ > /sys/fs/cgroup/memory/cgroup.procs",
+        "shm": "dd if=/dev/zero of=/dev/shm/fill bs=1M count=500 2>/dev/null",
+        "socket": f"ls {local.dir}",
+    }
+    commands = [f"{cmd} && echo ESCAPED-{key}" for key, cmd in escapes.items()]
+    commands += ["echo ALIVE-$(id -u)-$(ls -d /proc/[0-9]* | wc -l)", f"(setsid sleep 300.{mark} &) ; echo started"]
+    script = [f"run_shell(command={c!r})" for c in commands] + ['complete_task(summary="tried")']
+    recording = Recording(client)
+    events = list(CiaynAgent(ScriptedModel(script), recording, max_steps=len(script) + 2).stream("get out"))
+    assert events
+    values = [r.value for r in recording.results if r.ok and isinstance(r.value, dict)]
+    assert len(values) == len(commands), [r.error for r in recording.results if not r.ok]
+    outputs = "\n".join(str(v.get("stdout", "")) + str(v.get("stderr", "")) for v in values)
+    assert "ESCAPED" not in outputs, outputs
+    seen = int(outputs.split("ALIVE-65534-")[1].split()[0])  # the shell ran as nobody...
+    assert seen < 8, outputs  # ...seeing only the worker, the shell and its own commands
+    deadline = time.monotonic() + 5
+    while any(mark in " ".join(p.info["cmdline"] or ()) for p in psutil.process_iter(["cmdline"])):
+        assert time.monotonic() < deadline, "a daemon started through run_shell outlived its call"
+        time.sleep(0.05)
+    listener.settimeout(0.1)
+    with pytest.raises(TimeoutError):
+        listener.accept()
+    listener.close()
+
+
+def test_worker_view_is_scratch_with_the_workspace_named(shell_executor: tuple[Any, LocalExecutor]) -> None:
+    client, local = shell_executor
+    result = client.call_text("where_am_i()")
+    assert result.ok, result.error
+    assert result.value["pid"] == 1 and result.value["uid"] == hardening.NOBODY
+    assert result.value["cwd"] == "/tmp" and result.value["home"] == "/tmp" and result.value["tmpdir"] == "/tmp"
+    assert result.value["workspace"] == str(local.workspace)
+    assert client.call_text("scratch_roundtrip(megabytes=8)").value == 8 << 20
+    too_big = client.call_text("scratch_roundtrip(megabytes=200)")  # past the /tmp cap
+    assert not too_big.ok and "No space left" in (too_big.error.message if too_big.error else "")
+
+
+def test_each_hardened_call_gets_a_fresh_worker(shell_executor: tuple[Any, LocalExecutor]) -> None:
+    client, _ = shell_executor
+    pids = {client.call_text("where_am_i()").worker.pid for _ in range(3)}
+    assert len(pids) == 3
+
+
+# --- the start-up gate -----------------------------------------------------------------------------
+
+
+def _serve_args(**overrides: Any) -> argparse.Namespace:
+    args = dict(reuse_workers=False, no_cgroups=False, bind="ipc:///tmp/x/executor.sock", connect=None,
+                curve_secret=None, workspace=None, workspace_rw=False, memory_mb=256, allow_degraded=False,
+                skip_selfcheck=True, pass_env=[])
+    args.update(overrides)
+    return argparse.Namespace(**args)
+
+
+def test_hardened_refuses_naming_a_layer_the_machine_lacks(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(hardening, "probe_all", lambda: {"landlock": "the kernel has no Landlock"})
+    monkeypatch.setattr(hardening, "_active", None)
+    assert selfcheck.start_hardened(_serve_args()) == 1
+    assert "landlock (the kernel has no Landlock)" in capsys.readouterr().err
+    assert hardening.active() is None
+
+
+def test_allow_degraded_serves_without_the_missing_layer_loudly(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(hardening, "probe_all", lambda: {"landlock": "the kernel has no Landlock"})
+    monkeypatch.setattr(hardening, "_active", None)
+    monkeypatch.setattr("atexit.register", lambda fn: fn)
+    assert selfcheck.start_hardened(_serve_args(allow_degraded=True)) == 0
+    assert "DEGRADED" in capsys.readouterr().err
+    sandbox = hardening.active()
+    assert sandbox is not None and "landlock" not in sandbox.names and "seccomp" in sandbox.names
+
+
+@pytest.mark.parametrize("flag", [{"reuse_workers": True}, {"no_cgroups": True}])
+def test_hardened_refuses_options_that_would_weaken_it(flag: dict[str, bool]) -> None:
+    assert selfcheck.start_hardened(_serve_args(**flag)) == 2
+
+
+def test_hardened_refuses_a_workspace_its_uid_cannot_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    assert selfcheck.start_hardened(_serve_args(workspace=str(private))) == 2
+    assert "cannot read the workspace" in capsys.readouterr().err
+    private.chmod(0o755)
+    assert selfcheck.start_hardened(_serve_args(workspace=str(private), workspace_rw=True)) == 2
+    assert "cannot write the workspace" in capsys.readouterr().err
+
+
+def test_seccomp_program_is_well_formed() -> None:
+    program = hardening.seccomp_program()
+    assert len(program) % 8 == 0 and len(program) // 8 < 4096
+    assert len(hardening.DENIED_SYSCALLS) == len(set(hardening.DENIED_SYSCALLS))
