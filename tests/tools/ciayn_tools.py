@@ -77,6 +77,13 @@ def tick() -> int:
     return len(path.read_text().splitlines())
 
 
+@tool(no_repeat=True)
+def deploy(target: str, count: int = 1) -> str:
+    """Deploy (a no-repeat tool with a default argument)."""
+    _log(f"deploy {target} {count}")
+    return f"deployed {target} x{count}"
+
+
 @tool
 def same() -> str:
     """Return the same text every time."""

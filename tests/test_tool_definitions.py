@@ -1,0 +1,113 @@
+"""Tool definitions checked at load, arguments checked against annotations, values that are not data
+flagged, and what the CIAYN loop does with them: a real executor runs every call."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller.allowlist import AllowedTools
+from controller.ciayn import CiaynAgent
+from controller.events import Finished, Notice, Rejected, ToolResultEvent
+from controller.models import ScriptedModel
+from executor.registry import RegistryError, load_tools
+from protocol import Call
+
+CIAYN_TOOLS = str(Path(__file__).parent / "tools" / "ciayn_tools.py")
+DONE = 'complete_task(summary="all done")'
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return ws
+
+
+@pytest.fixture
+def client(make_client: Callable[..., Any], workspace: Path) -> Any:
+    return make_client(tools=[CIAYN_TOOLS], workspace=workspace)
+
+
+def log_lines(workspace: Path) -> list[str]:
+    path = workspace / "calls.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_a_typo_in_an_annotation_is_refused_at_load_naming_the_tool(tmp_path: Path) -> None:
+    module = tmp_path / "typo_tools.py"
+    module.write_text(
+        "from __future__ import annotations\n"
+        "from executor import tool\n\n"
+        "@tool\n"
+        "def add(a: int, b: itn) -> int:\n"
+        '    """Add."""\n'
+        "    return a + b\n"
+    )
+    with pytest.raises(RegistryError, match=r"tool add: the annotation of parameter 'b' \('itn'\) does not resolve"):
+        load_tools([str(module)])
+
+
+def test_a_tool_without_a_docstring_loads_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    module = tmp_path / "nodoc_tools.py"
+    module.write_text("from executor import tool\n\n@tool\ndef bare(x: int) -> int:\n    return x\n")
+    with caplog.at_level(logging.WARNING, logger="ciayn.executor.registry"):
+        tools = load_tools([str(module)])
+    assert tools["bare"].spec.doc == "" and tools["bare"].spec.prompt_block() == "bare(x: int) -> int"
+    assert "tool bare" in caplog.text and "has no docstring" in caplog.text
+
+
+def test_an_argument_of_the_wrong_type_is_bad_arguments_naming_the_parameter(client: Any, workspace: Path) -> None:
+    result = client.call(Call(tool="typed", kwargs={"count": "3"}, id="typed-1"))
+    assert not result.ok and result.error.kind == "bad_arguments"
+    assert "typed() argument 'count'" in result.error.message and "'3'" in result.error.message
+    assert result.error.traceback is None
+    assert client.call(Call(tool="typed", args=[3], id="typed-2")).value == "x x3"
+
+
+def test_a_value_that_came_back_as_its_repr_is_flagged(client: Any) -> None:
+    model = ScriptedModel(["repr_only()", DONE])
+    events = list(CiaynAgent(model, client).stream("x"))
+    [result] = [e for e in events if isinstance(e, ToolResultEvent) and e.tool == "repr_only"]
+    assert result.ok and result.value_is_repr and result.value == "{1, 2, 3}"
+    told = model.requests[1][-1]["content"]
+    assert "not plain data; this is its repr()" in told
+
+
+def test_ciayn_warns_when_no_completion_tool_is_offered(client: Any) -> None:
+    model = ScriptedModel(["same()"] * 3)
+    events = list(CiaynAgent(model, AllowedTools(client, ["same", "tick"]), max_steps=2).stream("x"))
+    assert isinstance(events[0], Notice) and "none of the offered tools looks like a completion tool" in events[0].text
+    assert isinstance(events[-1], Finished) and events[-1].status == "stopped"
+    quiet = list(CiaynAgent(ScriptedModel([DONE]), client).stream("x"))
+    assert not any("completion tool" in e.text for e in quiet if isinstance(e, Notice))
+
+
+def test_prose_then_the_call_on_its_own_line_runs_and_history_keeps_the_call(client: Any, workspace: Path) -> None:
+    model = ScriptedModel(["Sure! Here is the call:\nappend_line(text='x')", DONE])
+    events = list(CiaynAgent(model, client).stream("x"))
+    assert isinstance(events[-1], Finished) and events[-1].status == "completed"
+    assert log_lines(workspace) == ["x", "complete all done"]
+    assert model.requests[1][-2] == {"role": "assistant", "content": "append_line(text='x')"}
+
+
+def test_writing_a_default_out_does_not_defeat_the_repeat_guard(client: Any, workspace: Path) -> None:
+    model = ScriptedModel(['deploy("prod")', 'deploy(target="prod", count=1)', 'deploy("prod", 2)', DONE])
+    events = list(CiaynAgent(model, client).stream("x"))
+    assert log_lines(workspace) == ["deploy prod 1", "deploy prod 2", "complete all done"]
+    [refused] = [e for e in events if isinstance(e, Rejected)]
+    assert refused.code == "repeat"
+
+
+def test_a_stop_before_stream_is_not_lost(client: Any) -> None:
+    model = ScriptedModel([DONE])
+    agent = CiaynAgent(model, client)
+    agent.stop("stopped from another thread")
+    events = list(agent.stream("x"))
+    assert isinstance(events[-1], Finished) and events[-1].status == "stopped" and not model.requests
+    assert events[-1].reason == "stopped from another thread"
+    assert agent.run("x").status == "completed"  # that stop was used up by the run it stopped
