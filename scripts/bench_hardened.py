@@ -1,0 +1,210 @@
+"""The hardened profile's cost, measured side by side with the default profile in one run (issue 11):
+
+1. a no-op call's round trip at low load (one call at a time, a prewarmed worker waiting), p50 and
+   p90, default against hardened (target: hardened p50 within 2x the default's);
+2. preparing one worker: control groups, fork and (hardened) every layer, until the worker could
+   read its call, with each layer's own cost (target: at most 40 ms);
+3. sustained throughput: calls kept in flight on 2 workers for a few seconds (target: at least 25
+   hardened calls/s on 2 cores).
+
+``bench()`` returns the figures (a combined bench script imports it); run as a script it writes
+them to bench-results/hardened.json. Needs root (the hardened profile does).
+
+Usage: .venv/bin/python scripts/bench_hardened.py [--calls N] [--seconds S] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from executor import hardening  # noqa: E402
+from executor.cgroups import CgroupSupport  # noqa: E402
+from executor.selfcheck import _Client  # noqa: E402
+
+NOOP = ("hold", {"seconds": 0.0})  # a tool of executor.selfcheck that returns at once
+LOW_LOAD_GAP = 0.03  # seconds between low-load calls: the replacement worker is ready again
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _serve(profile: str, workdir: str, workers: int) -> tuple[subprocess.Popen[bytes], _Client]:
+    sock = os.path.join(workdir, f"{profile}.sock")
+    cmd = [sys.executable, "-m", "executor.cli", "serve", "--tools", "executor.selfcheck", "--bind", f"ipc://{sock}",
+           "--workers", str(workers), "--profile", profile, "--log-level", "warning", "--workspace", workdir,
+           "--parent-pid", str(os.getpid())]
+    if profile == "hardened":
+        cmd.append("--skip-selfcheck")  # measured apart; the bench wants the serving cost
+    proc = subprocess.Popen(cmd, cwd=workdir)
+    deadline = time.monotonic() + 30
+    while not os.path.exists(sock):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the {profile} executor did not start")
+        time.sleep(0.02)
+    client = _Client(f"ipc://{sock}")
+    client.call(*NOOP)  # warm
+    return proc, client
+
+
+def _low_load(client: _Client, calls: int) -> dict[str, float]:
+    times = []
+    for _ in range(calls):
+        time.sleep(LOW_LOAD_GAP)
+        t0 = time.perf_counter()
+        result = client.call(*NOOP)
+        times.append(time.perf_counter() - t0)
+        assert result.ok, result.error
+    return {"p50_ms": statistics.median(times) * 1000, "p90_ms": _pct(times, 0.9) * 1000, "calls": calls}
+
+
+def _sustained(client: _Client, seconds: float, in_flight: int) -> dict[str, float]:
+    done = failed = 0
+    pending = {client.send(*NOOP) for _ in range(in_flight)}
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        cid = next(iter(pending))
+        result = client.wait(cid, 30)
+        pending.discard(cid)
+        done += 1
+        failed += not result.ok
+        pending.add(client.send(*NOOP))
+    elapsed = time.perf_counter() - t0
+    for cid in pending:
+        client.wait(cid, 30)
+    return {"calls_per_s": done / elapsed, "calls": done, "failed": failed, "in_flight": in_flight}
+
+
+def _prepare_once(sandbox: hardening.Sandbox | None, support: CgroupSupport, n: int) -> tuple[float, dict[str, float]]:
+    """One worker made as the template makes it: groups, (hardened: before_fork), fork; the child
+    joins, enters the sandbox and says so. Returns the seconds until it said so, and its layer times."""
+    t0 = time.perf_counter()
+    group = support.create(f"bench-{os.getpid()}-{n}", 256, 64)
+    r, w = os.pipe()
+    if sandbox is not None:
+        sandbox.before_fork()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        code = 0
+        try:
+            group.join()
+            if sandbox is not None:
+                sandbox.enter()
+            os.write(w, json.dumps(sandbox.timings if sandbox else {}).encode())
+        except BaseException as e:
+            os.write(w, json.dumps({"error": repr(e)}).encode())
+            code = 1
+        os._exit(code)
+    if sandbox is not None:
+        sandbox.after_fork(pid)
+    os.close(w)
+    data = os.read(r, 65536)
+    elapsed = time.perf_counter() - t0
+    os.close(r)
+    os.waitpid(pid, 0)
+    group.kill_all()
+    group.remove()
+    timings = json.loads(data)
+    if "error" in timings:
+        raise RuntimeError(f"a bench worker failed: {timings['error']}")
+    return elapsed, timings
+
+
+def _preparation(workdir: str, rounds: int) -> dict[str, Any]:
+    """Worker preparation in a child process that plays the template (its mount namespace is its own)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        out: dict[str, Any] = {}
+        try:
+            support = CgroupSupport.detect()
+            assert support is not None, "no control groups here"
+            out["default_ms"] = statistics.median(_prepare_once(None, support, i)[0] for i in range(rounds)) * 1000
+            config = hardening.HardenedConfig(workspace=workdir)
+            sandbox = hardening.activate(config)
+            first, _ = _prepare_once(sandbox, support, -1)  # builds the read-only root once
+            out["template_first_ms"] = first * 1000
+            runs = [_prepare_once(sandbox, support, rounds + i) for i in range(rounds)]
+            out["hardened_ms"] = statistics.median(t for t, _ in runs) * 1000
+            out["hardened_p90_ms"] = _pct([t for t, _ in runs], 0.9) * 1000
+            out["layers_ms"] = {name: statistics.median(t[name] for _, t in runs) * 1000
+                                for name in [*sandbox.names, "total"]}
+            sandbox.before_fork()  # removes the CPU groups of the finished workers
+            sandbox.remove_groups()
+        except BaseException as e:
+            out = {"error": repr(e)}
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.waitpid(pid, 0)
+    result: dict[str, Any] = json.loads(b"".join(chunks))
+    if "error" in result:
+        raise RuntimeError(result["error"])
+    return result
+
+
+def bench(calls: int = 200, seconds: float = 5.0, workers: int = 2, rounds: int = 30) -> dict[str, Any]:
+    """Measure both profiles; returns the figures and whether each target was met."""
+    missing = hardening.probe_all()
+    if missing:
+        raise RuntimeError(f"the hardened profile needs layers this machine lacks: {missing}")
+    workdir = tempfile.mkdtemp(prefix="ciayn-bench-hardened-")
+    os.chmod(workdir, 0o755)
+    out: dict[str, Any] = {"machine": {"cores": os.cpu_count(), "kernel": os.uname().release}}
+    try:
+        for profile in ("default", "hardened"):
+            proc, client = _serve(profile, workdir, workers)
+            try:
+                out[profile] = {"low_load": _low_load(client, calls),
+                                "sustained": _sustained(client, seconds, in_flight=2 * workers)}
+            finally:
+                client.close()
+                proc.terminate()
+                proc.wait(10)
+        out["preparation"] = _preparation(workdir, rounds)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    ratio = out["hardened"]["low_load"]["p50_ms"] / out["default"]["low_load"]["p50_ms"]
+    out["targets"] = {
+        "p50_ratio": ratio, "p50_within_2x": ratio <= 2.0,
+        "prepare_ms": out["preparation"]["hardened_ms"], "prepare_within_40ms": out["preparation"]["hardened_ms"] <= 40,
+        "hardened_calls_per_s": out["hardened"]["sustained"]["calls_per_s"],
+        "at_least_25_calls_per_s": out["hardened"]["sustained"]["calls_per_s"] >= 25,
+    }
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=200, help="low-load calls per profile (default: 200)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="sustained-load duration (default: 5)")
+    parser.add_argument("--out", default=str(ROOT / "bench-results" / "hardened.json"))
+    args = parser.parse_args()
+    result = bench(args.calls, args.seconds)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0 if all(v for k, v in result["targets"].items() if isinstance(v, bool)) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
