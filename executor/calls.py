@@ -1,20 +1,35 @@
-"""The call table: every call an executor (or a broker) has accepted, from arrival to answer.
+"""The call table: every call an executor has accepted, from arrival to answer, and the ids it ran.
 
-It owns the at-most-once rule: a call id runs at most once. A resent id is answered from the cache
-of recent results, or joins the call that is still queued or running; it is never run again. It
-also owns the queue of calls waiting for a worker. It knows nothing of sockets or workers: the
-supervisor feeds it calls and finished results, and takes queued calls out for the worker pool.
+It owns the at-most-once rule (SPEC.md section 8). Every id accepted to run enters the executed-id set
+(ids only, with a digest of the call's tool, arguments and timeout; bounded by count and age), which
+is kept apart from the cache of results (bounded in bytes, fair per client), so a resend is never run
+again even after its result was evicted: it is answered from the cache, joins the call still queued
+or running, or is told the call ran and its result is gone. A resend whose body differs is refused.
+Refusals (unknown tool, bad arguments, a full queue) never enter either, so they evict nothing and a
+corrected call may reuse its id.
+
+It also owns the queue of calls waiting for a worker, bounded in calls, in encoded bytes and in wait:
+a call's timeout counts from its arrival, so one still queued when it runs out (or after
+``max_wait``) is answered ``unavailable`` without running, and one that starts late gets what is left
+of its timeout. It knows nothing of sockets or workers: the supervisor feeds it calls and finished
+results, and the worker pool takes queued calls out.
 """
 
 from __future__ import annotations
 
 import collections
+import time
 from dataclasses import dataclass, field
+
+import msgpack
 
 from protocol import Call, Limits, Result
 
-RESULT_CACHE_SIZE = 4096  # recent results kept to answer resent call ids...
-RESULT_CACHE_BYTES = 128 * 1024 * 1024  # ...and at most this many encoded bytes of them (a result may be MBs)
+RESULT_CACHE_BYTES = 128 * 1024 * 1024  # encoded results kept to answer resent ids
+MAX_EXECUTED_IDS = 1_000_000  # ids remembered as run (about 100 bytes each)...
+EXECUTED_ID_TTL = 24 * 3600.0  # ...and for at least this long, unless the count bound is reached first
+MAX_QUEUE_BYTES = 1024 * 1024 * 1024  # default --max-queue-mb: encoded arguments of queued calls
+MAX_QUEUE_WAIT = 600.0  # default --max-queue-wait, seconds
 
 
 @dataclass
@@ -25,6 +40,9 @@ class Job:
     call_id: str
     waiters: list[bytes]
     limits: Limits
+    arrived: float = 0.0
+    size: int = 0  # encoded bytes of its tool, arguments and timeout
+    digest: int = 0  # of the same: a resend must match it
     started: float = 0.0
     deadline: float = 0.0
     stdout: bytearray = field(default_factory=bytearray)
@@ -32,50 +50,194 @@ class Job:
     outcome: Result | None = None  # decided by the supervisor (timeout, cancel, output cap)
 
 
-class CallTable:
-    """Queued and running calls by id, and encoded results of finished ones."""
+@dataclass
+class Seen:
+    """What to do with a call whose id was seen before: send ``frames`` (the cached answer), send
+    ``refusal``, or nothing (it ``joined`` the call still queued or running)."""
 
-    def __init__(self, max_queue: int) -> None:
+    frames: list[bytes] | None = None
+    refusal: Result | None = None
+    joined: bool = False
+
+
+@dataclass
+class _Cached:
+    frames: list[bytes]
+    owner: bytes
+    size: int
+
+
+def fingerprint(call: Call) -> tuple[int, int]:
+    """(encoded size, digest) of what makes a call that call: tool, arguments and timeout."""
+    packed = msgpack.packb([call.tool, call.args, call.kwargs, call.timeout], use_bin_type=True)
+    return len(packed), hash(packed)
+
+
+class CallTable:
+    """Queued and running calls by id, the ids that ran, and encoded results of finished calls."""
+
+    def __init__(self, max_queue: int, *, max_queue_bytes: int = MAX_QUEUE_BYTES,
+                 max_wait: float = MAX_QUEUE_WAIT, cache_bytes: int = RESULT_CACHE_BYTES,
+                 max_executed: int = MAX_EXECUTED_IDS, executed_ttl: float = EXECUTED_ID_TTL) -> None:
         self.max_queue = max_queue
+        self.max_queue_bytes = max_queue_bytes
+        self.max_wait = max_wait
+        self.cache_limit = cache_bytes
+        self.max_executed = max_executed
+        self.executed_ttl = executed_ttl
         self.jobs: dict[str, Job] = {}
         self.queue: collections.deque[Job] = collections.deque()
-        self.cache: collections.OrderedDict[str, list[bytes]] = collections.OrderedDict()
+        self.queued_bytes = 0
+        self.executed: dict[str, tuple[int, float]] = {}  # id -> (digest, accepted at); oldest first
+        self.cache: dict[str, _Cached] = {}  # id -> answer; oldest first
         self.cache_bytes = 0
+        self.owner_bytes: collections.Counter[bytes] = collections.Counter()
+        self.by_owner: dict[bytes, collections.OrderedDict[str, None]] = {}
+        self.expired: list[tuple[Job, Result]] = []  # left the queue unrun; the supervisor answers them
 
-    def cached(self, cid: str) -> list[bytes] | None:
-        return self.cache.get(cid)
+    # ---------------------------------------------------------------- arrival
+
+    def seen(self, route: bytes, call: Call, digest: int) -> Seen | None:
+        """None for an id never accepted (or forgotten after it was refused or expired unrun);
+        otherwise what to answer a resend."""
+        cid = call.id or ""
+        ran = self.executed.get(cid)
+        if ran is None:
+            return None
+        if ran[0] != digest:
+            return Seen(refusal=Result.failure(
+                cid, "protocol", "this id was already used for a different call (another tool, other arguments "
+                "or another timeout); call ids must be unique: use a fresh one"))
+        cached = self.cache.get(cid)
+        if cached is not None:
+            return Seen(frames=cached.frames)
+        job = self.jobs.get(cid)
+        if job is not None:
+            if route not in job.waiters:
+                job.waiters.append(route)
+            return Seen(joined=True)
+        return Seen(refusal=Result.failure(
+            cid, "unavailable", "this call already ran here and its result is no longer held (the result cache "
+            "is bounded); it was not run again"))
+
+    def admit(self, job: Job, now: float) -> Result | None:
+        """Queue an accepted call and record its id as run; or the ``unavailable`` refusal when the
+        queue is full in calls or bytes (nothing is recorded then)."""
+        if len(self.queue) >= self.max_queue:
+            return Result.failure(job.call_id, "unavailable",
+                                  f"the executor's queue is full ({self.max_queue} calls); it did not run")
+        if self.queued_bytes + job.size > self.max_queue_bytes:
+            return Result.failure(
+                job.call_id, "unavailable",
+                f"the executor's queue is full ({self.queued_bytes // 1024**2} MiB queued, "
+                f"{job.size // 1024**2} MiB more would pass its {self.max_queue_bytes // 1024**2} MiB); it did not run")
+        job.arrived = now
+        self.jobs[job.call_id] = job
+        self.queue.append(job)
+        self.queued_bytes += job.size
+        self._record(job.call_id, job.digest, now)
+        return None
+
+    def _record(self, cid: str, digest: int, now: float) -> None:
+        self.executed.pop(cid, None)
+        self.executed[cid] = (digest, now)
+        while self.executed:
+            oldest = next(iter(self.executed))
+            if len(self.executed) <= self.max_executed and now - self.executed[oldest][1] < self.executed_ttl:
+                break
+            if oldest in self.jobs:  # still queued or running: it must stay known
+                break
+            del self.executed[oldest]
 
     def running(self, cid: str) -> Job | None:
         return self.jobs.get(cid)
 
-    def queue_full(self) -> bool:
-        return len(self.queue) >= self.max_queue
+    # ---------------------------------------------------------------- the queue
 
-    def admit(self, job: Job) -> None:
-        self.jobs[job.call_id] = job
-        self.queue.append(job)
+    def queue_wait_bound(self, job: Job) -> float:
+        """How long ``job`` may wait for a worker: its timeout, or ``max_wait`` if shorter."""
+        return min(job.limits.timeout_s, self.max_wait)
 
     def next_queued(self) -> Job | None:
-        return self.queue.popleft() if self.queue else None
+        """The next call for a worker, with its timeout cut to what is left of it; calls that ran out
+        of it while queued are set aside in ``expired`` instead."""
+        now = time.monotonic()
+        while self.queue:
+            job = self.queue.popleft()
+            self.queued_bytes -= job.size
+            waited = now - job.arrived
+            if waited >= self.queue_wait_bound(job):
+                self._expire(job, waited)
+                continue
+            if waited > 0.001:
+                job.limits = job.limits.model_copy(update={"timeout_s": job.limits.timeout_s - waited})
+            return job
+        return None
+
+    def expire(self, now: float) -> float:
+        """Set aside the queued calls that waited too long; return the seconds until the next one
+        would (inf if none is queued)."""
+        due = float("inf")
+        for job in list(self.queue):
+            left = job.arrived + self.queue_wait_bound(job) - now
+            if left <= 0:
+                self.queue.remove(job)
+                self.queued_bytes -= job.size
+                self._expire(job, now - job.arrived)
+            else:
+                due = min(due, left)
+        return due
+
+    def _expire(self, job: Job, waited: float) -> None:
+        bound = "its timeout" if job.limits.timeout_s <= self.max_wait else "the executor's --max-queue-wait"
+        self.expired.append((job, Result.failure(
+            job.call_id, "unavailable",
+            f"the call waited {waited:.1f} s in the executor's queue ({bound}, {self.queue_wait_bound(job):g} s, "
+            f"ran out before a worker was free); it did not run")))
+        self.executed.pop(job.call_id, None)  # it never ran: the same id may be sent again
+
+    def take_expired(self) -> list[tuple[Job, Result]]:
+        expired, self.expired = self.expired, []
+        for job, _ in expired:
+            self.jobs.pop(job.call_id, None)
+        return expired
 
     def unqueue(self, job: Job) -> bool:
         """Take a job out of the queue (cancelled before it started); False if it is not queued."""
         if job in self.queue:
             self.queue.remove(job)
+            self.queued_bytes -= job.size
             return True
         return False
+
+    # ---------------------------------------------------------------- answers
 
     def done(self, job: Job) -> None:
         self.jobs.pop(job.call_id, None)
 
-    def remember(self, cid: str, frames: list[bytes]) -> None:
-        """Keep a result's frames to answer a resent id. Bounded in entries and in bytes, oldest
-        out first."""
-        replaced = self.cache.pop(cid, None)
-        if replaced is not None:
-            self.cache_bytes -= sum(len(f) for f in replaced)
-        self.cache[cid] = frames
-        self.cache_bytes += sum(len(f) for f in frames)
-        while len(self.cache) > RESULT_CACHE_SIZE or self.cache_bytes > RESULT_CACHE_BYTES:
-            _, dropped = self.cache.popitem(last=False)
-            self.cache_bytes -= sum(len(f) for f in dropped)
+    def remember(self, cid: str, frames: list[bytes], owner: bytes) -> None:
+        """Keep a finished call's answer to give a resent id. Bounded in bytes; when full, the oldest
+        answer of the client holding the most bytes goes first, so no client can flush another's."""
+        self._forget(cid)
+        size = sum(len(f) for f in frames)
+        if size > self.cache_limit:
+            return
+        self.cache[cid] = _Cached(frames, owner, size)
+        self.cache_bytes += size
+        self.owner_bytes[owner] += size
+        self.by_owner.setdefault(owner, collections.OrderedDict())[cid] = None
+        while self.cache_bytes > self.cache_limit:
+            heaviest = max(self.owner_bytes, key=self.owner_bytes.__getitem__)
+            self._forget(next(iter(self.by_owner[heaviest])))
+
+    def _forget(self, cid: str) -> None:
+        entry = self.cache.pop(cid, None)
+        if entry is None:
+            return
+        self.cache_bytes -= entry.size
+        self.owner_bytes[entry.owner] -= entry.size
+        ids = self.by_owner[entry.owner]
+        del ids[cid]
+        if not ids:
+            del self.by_owner[entry.owner]
+            del self.owner_bytes[entry.owner]

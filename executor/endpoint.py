@@ -4,25 +4,39 @@ An executor either binds a ROUTER that clients connect to (``RouterEndpoint``, t
 pool, connects to a broker (``executor.link.BrokerLink``). Both look the same to the supervisor: a
 socket to poll, messages in as ``(route, message)`` pairs, frames out to a route, and ``tick`` for
 timers. Nothing here knows about workers or the call table.
+
+The bound ROUTER is private by default (SPEC.md, Transport): an ipc socket lives in a 0700 directory
+owned by this user (created so, or checked), and abstract ipc or tcp without CurveZMQ is refused unless
+the operator says ``--insecure``. No answer is dropped by a high-water mark: the socket is
+``ROUTER_MANDATORY``, and what a client's pipe cannot take yet waits in an outbox for that client,
+bounded in bytes; a client that lets it overflow has its pending answers dropped with a warning (they
+stay in the result cache for a resend).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
+import resource
 import socket
+import stat
 from collections.abc import Iterator
 from typing import Any, Protocol
 
 import zmq
 
-from protocol import MAX_FRAME_BYTES, Message, ProtocolError, decode
+from protocol import Message, ProtocolError, decode
+from protocol.wire import MAX_FRAMES, bound_socket, ipc_path, recv_message
 
 log = logging.getLogger("ciayn-executor")
 
 SHUTDOWN_LINGER_MS = 500
 RECV_BATCH = 1000  # messages taken per wake-up, so deadlines and workers are served in between
+HANDSHAKE_IVL_MS = 5000  # a connection that has not completed the ZMTP (and Curve) handshake is closed
+OUTBOX_BYTES = 256 * 1024 * 1024  # answers held for one client whose pipe is full, at most
+OUTBOX_RETRY = 0.05  # seconds between attempts to send held answers
 
 
 class EndpointError(Exception):
@@ -58,18 +72,23 @@ class RouterEndpoint:
     """A bound ROUTER socket, optionally CurveZMQ-authenticated; owns its ipc socket file."""
 
     def __init__(self, ctx: zmq.Context[Any], endpoint: str, *, curve_secret: str | None = None,
-                 curve_clients: str | None = None) -> None:
+                 curve_clients: str | None = None, insecure: bool = False) -> None:
         self.endpoint = endpoint
         self.curve_secret = curve_secret
         self.curve_clients = curve_clients
         self.auth: Any = None
         self.failed = ""
         self.ipc_identity: tuple[int, int] | None = None
-        self.check_free(endpoint)
+        self.outboxes: dict[bytes, collections.deque[list[bytes]]] = {}
+        self.outbox_bytes: collections.Counter[bytes] = collections.Counter()
+        self.check_endpoint(endpoint, curve=bool(curve_secret), insecure=insecure)
+        raise_open_files_limit()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, SHUTDOWN_LINGER_MS)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        bound_socket(sock)
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a client reconnecting under its routing id takes it over
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full pipe raises Again instead of dropping the answer
+        sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
         if curve_secret:
             from protocol.curve import CurveError, secure_server
 
@@ -88,9 +107,6 @@ class RouterEndpoint:
         self.socket = sock
         path = self._ipc_path()
         self.ipc_identity = _file_identity(path) if path else None
-        if endpoint.startswith("tcp://") and not curve_secret and not _loopback(endpoint):
-            log.warning("serving on %s without CurveZMQ: anyone who can reach this address can run these tools; "
-                        "use --curve-secret (and --curve-clients) or bind to 127.0.0.1", endpoint)
 
     def describe(self) -> str:
         if not self.curve_secret:
@@ -101,9 +117,8 @@ class RouterEndpoint:
 
     def receive(self) -> Iterator[Incoming]:
         for _ in range(RECV_BATCH):
-            try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=True)
-            except zmq.Again:
+            frames = recv_message(self.socket, MAX_FRAMES + 1)  # the routing frame, then the message
+            if frames is None:
                 return
             if len(frames) < 2:
                 continue
@@ -114,11 +129,50 @@ class RouterEndpoint:
                 yield route, e
 
     def send(self, route: bytes, frames: list[bytes]) -> None:
-        with contextlib.suppress(zmq.ZMQError):
+        """Send now, or hold the frames for this client until its pipe has room (never dropped by a
+        high-water mark). A client that is gone (no route) is not waited for: it resends its calls
+        when it comes back, and they are answered from the result cache."""
+        if route in self.outboxes:
+            self._hold(route, frames)
+            return
+        try:
             self.socket.send_multipart([route, *frames], zmq.NOBLOCK)
+        except zmq.Again:
+            self._hold(route, frames)
+        except zmq.ZMQError as e:
+            if e.errno == zmq.EHOSTUNREACH:
+                log.debug("client %s is gone; an answer for it was not sent", route.hex()[:8])
+            else:
+                log.warning("cannot send to client %s: %s", route.hex()[:8], e)
+
+    def _hold(self, route: bytes, frames: list[bytes]) -> None:
+        self.outboxes.setdefault(route, collections.deque()).append(frames)
+        self.outbox_bytes[route] += sum(len(f) for f in frames)
+        if self.outbox_bytes[route] > OUTBOX_BYTES:
+            held = self.outboxes.pop(route)
+            size = self.outbox_bytes.pop(route)
+            log.warning("client %s does not read its answers: dropped the %d held for it (%d MiB, over the %d MiB "
+                        "outbox); results stay in the result cache for a resend", route.hex()[:8], len(held),
+                        size // 1024**2, OUTBOX_BYTES // 1024**2)
 
     def tick(self, now: float) -> float:
-        return float("inf")  # a bound ROUTER has no timers: clients ping it
+        """Send answers held for clients whose pipes were full; a bound ROUTER has no other timers
+        (clients ping it)."""
+        for route in list(self.outboxes):
+            box = self.outboxes[route]
+            while box:
+                try:
+                    self.socket.send_multipart([route, *box[0]], zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:
+                    box.clear()  # the client is gone
+                    break
+                self.outbox_bytes[route] -= sum(len(f) for f in box.popleft())
+            if not box:
+                del self.outboxes[route]
+                self.outbox_bytes.pop(route, None)
+        return OUTBOX_RETRY if self.outboxes else float("inf")
 
     def close(self) -> None:
         self.socket.close(linger=SHUTDOWN_LINGER_MS)
@@ -131,6 +185,26 @@ class RouterEndpoint:
 
     def _ipc_path(self) -> str | None:
         return _ipc_path(self.endpoint)
+
+    @classmethod
+    def check_endpoint(cls, endpoint: str, *, curve: bool, insecure: bool) -> None:
+        """Refuse an endpoint other local users could reach or take over, unless ``insecure``: an
+        ipc socket outside a 0700 directory of this user (one that does not exist yet is created so),
+        abstract ipc, tcp without CurveZMQ. Then refuse a live ipc endpoint (``check_free``)."""
+        problem = ""
+        if endpoint.startswith("ipc://@"):
+            problem = (f"{endpoint} is an abstract socket: it has no owner or permissions, so any local user can "
+                       "connect to it (and run these tools) or bind it first; use an ipc path in a private directory")
+        elif endpoint.startswith("tcp://") and not curve:
+            problem = (f"{endpoint} without CurveZMQ lets anyone who can reach it (on loopback: any local user) run "
+                       "these tools; use --curve-secret and --curve-clients, or an ipc path in a private directory")
+        elif (path := ipc_path(endpoint)) is not None:
+            problem = _private_directory_problem(os.path.dirname(os.path.abspath(path)))
+        if problem and not insecure:
+            raise EndpointError(f"refusing to serve on {endpoint}: {problem} (or pass --insecure to serve anyway)")
+        if problem:
+            log.warning("serving insecurely (--insecure): %s", problem)
+        cls.check_free(endpoint)
 
     @staticmethod
     def check_free(endpoint: str) -> None:
@@ -152,8 +226,37 @@ class RouterEndpoint:
 
 def _ipc_path(endpoint: str) -> str | None:
     """The socket file of an ``ipc://`` endpoint (not of an abstract ``ipc://@name`` one)."""
-    path = endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else ""
-    return path if path and not path.startswith("@") else None
+    return ipc_path(endpoint)
+
+
+def _private_directory_problem(directory: str) -> str:
+    """Why ``directory`` is no private home for an ipc socket ("" if it is one). A missing directory
+    is created with mode 0700."""
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        return f"cannot create the socket's directory {directory}: {e}"
+    st = os.stat(directory)
+    if st.st_uid != os.geteuid():
+        return f"the socket's directory {directory} belongs to uid {st.st_uid}, not to this user ({os.geteuid()})"
+    if stat.S_IMODE(st.st_mode) & 0o077:
+        return (f"the socket's directory {directory} has mode {stat.S_IMODE(st.st_mode):04o}: other users could "
+                "connect to the socket, or replace it; use a directory with mode 0700")
+    return ""
+
+
+def raise_open_files_limit() -> None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit: each connection costs a descriptor, and
+    libzmq aborts the process when its ipc listener's accept() fails with EMFILE (a connection flood
+    from an allowed user). The residual risk is in SPEC.md."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = 1 << 20
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def _file_identity(path: str) -> tuple[int, int] | None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import zmq
 
 # Before anything can import litellm: no network at run time.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -51,3 +52,26 @@ def executor_pids() -> Callable[[ExecutorClient], list[int]]:
         return [root.pid] + [p.pid for p in root.children(recursive=True)]
 
     return pids
+
+
+@pytest.fixture
+def dealer() -> Iterator[Callable[..., zmq.Socket[bytes]]]:
+    """A raw DEALER socket connected to an endpoint, as a client in another language would have:
+    ``dealer(endpoint, routing_id=b"...")``; receives time out after 10 s. Closed at the end."""
+    ctx = zmq.Context()
+    made: list[zmq.Socket[bytes]] = []
+
+    def make(endpoint: str, routing_id: bytes | None = None) -> zmq.Socket[bytes]:
+        sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, 10_000)
+        if routing_id is not None:
+            sock.setsockopt(zmq.ROUTING_ID, routing_id)
+        sock.connect(endpoint)
+        made.append(sock)
+        return sock
+
+    yield make
+    for sock in made:
+        sock.close(0)
+    ctx.term()

@@ -1,0 +1,152 @@
+"""``ExecutorClient`` against a hostile server on a real socket (issue 10, point 7): the client's
+deadline is a bound whatever the server says, a NaN or absurd tool timeout counts as none, and a body
+built to cost work is refused quickly without stalling the client's I/O thread. The "server" here is a
+ROUTER socket in a thread that speaks just enough ``ciayn/1`` to be believed."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+
+from controller import ExecutorClient
+from controller.client import DEADLINE_GRACE
+from protocol import VERSION, Call, Hello, Limits, Ping, Pong, Result, ToolSpec, Welcome, decode, encode
+
+SLACK = 3.0
+
+
+def _tool(**fields: Any) -> dict[str, Any]:
+    return {"name": "t", "signature": "()", **fields}
+
+
+class HostileServer:
+    """Answers ``hello`` with ``welcome`` (tools and limits as given, raw), ``ping`` with a pong that
+    always reports queued calls, and each call with whatever ``on_call`` returns (frames, or None for
+    never)."""
+
+    def __init__(self, endpoint: str, tools: list[dict[str, Any]], limits: dict[str, Any],
+                 on_call: Callable[[Call], list[bytes] | None]) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(endpoint)
+        self.welcome = [VERSION, b"welcome", msgpack.packb(
+            {"executor": "evil", "incarnation": 1, "tools": tools, "limits": limits})]
+        self.on_call = on_call
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        while not self.stop.is_set():
+            if not poller.poll(50):
+                continue
+            route, *frames = self.sock.recv_multipart()
+            msg = decode(frames)
+            if isinstance(msg, Hello):
+                self.sock.send_multipart([route, *self.welcome])
+            elif isinstance(msg, Ping):
+                self.sock.send_multipart([route, *encode(Pong(nonce=msg.nonce, executor="evil", incarnation=1,
+                                                              busy=1, queued=5))])
+            elif isinstance(msg, Call):
+                reply = self.on_call(msg)
+                if reply is not None:
+                    self.sock.send_multipart([route, *reply])
+        self.sock.close(0)
+        self.ctx.term()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def hostile() -> Iterator[Callable[..., ExecutorClient]]:
+    """``hostile(tools=[...], limits={...}, on_call=...)``: a hostile server and a client of it."""
+    made: list[tuple[HostileServer, ExecutorClient]] = []
+    directory = Path(f"/tmp/ciayn-hostile-{uuid.uuid4().hex[:8]}")
+    directory.mkdir(mode=0o700)
+
+    def make(tools: list[dict[str, Any]] | None = None, limits: dict[str, Any] | None = None,
+             on_call: Callable[[Call], list[bytes] | None] = lambda call: None) -> ExecutorClient:
+        endpoint = f"ipc://{directory}/evil-{len(made)}.sock"
+        server = HostileServer(endpoint, tools if tools is not None else [_tool()], limits or {}, on_call)
+        client = ExecutorClient(endpoint, connect_timeout=3)  # the server is up before the client
+        made.append((server, client))
+        client.tools()
+        return client
+
+    yield make
+    for server, client in made:
+        client.close()
+        server.close()
+    for p in directory.iterdir():
+        p.unlink()
+    directory.rmdir()
+
+
+def _timed(client: ExecutorClient, call: Call, timeout: float | None = None) -> tuple[Result, float]:
+    started = time.monotonic()
+    result = client.call(call, timeout)
+    return result, time.monotonic() - started
+
+
+def test_a_server_that_always_reports_a_queue_cannot_keep_a_call_pending(
+    hostile: Callable[..., ExecutorClient],
+) -> None:
+    """Before: each pong with ``queued`` pushed the deadline back: ``timeout=1`` never came back."""
+    client = hostile()
+    result, took = _timed(client, Call(tool="t"), timeout=1.0)
+    assert result.error is not None and result.error.kind == "timeout", result
+    assert 1.0 + DEADLINE_GRACE - 0.2 < took < 1.0 + DEADLINE_GRACE + SLACK
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, 1e300, -5.0, 0.0], ids=["nan", "inf", "1e300", "negative", "zero"])
+def test_a_welcomes_absurd_tool_timeout_counts_as_none(hostile: Callable[..., ExecutorClient], bad: float) -> None:
+    """Before: a NaN tool timeout made the client's deadline NaN, which never comes."""
+    client = hostile(tools=[_tool(timeout=bad)], limits={"timeout_s": 1.0})
+    result, took = _timed(client, Call(tool="t"))
+    assert result.error is not None and result.error.kind == "timeout", result
+    assert took < 1.0 + DEADLINE_GRACE + SLACK
+
+
+def test_a_result_built_to_cost_work_is_refused_quickly_and_the_client_goes_on(
+    hostile: Callable[..., ExecutorClient],
+) -> None:
+    """Before: 16 MB of empty arrays took the client's I/O thread 8-37 s and GBs to decode."""
+    def answer(call: Call) -> list[bytes]:
+        if call.args == ["fine"]:
+            return encode(Result(id=call.id or "", ok=True, value="fine"))
+        bomb = b"\xdc" + (1000).to_bytes(2, "big") + (b"\xdc" + (16_000).to_bytes(2, "big") + b"\x90" * 16_000) * 1000
+        return [VERSION, b"result", b"\x83\xa2id" + msgpack.packb(call.id) + b"\xa2ok\xc3\xa5value" + bomb]
+
+    client = hostile(on_call=answer)
+    result, took = _timed(client, Call(tool="t"), timeout=20)
+    assert result.error is not None and result.error.kind == "protocol", result
+    assert "could not be read" in result.error.message and took < 2.0
+    fine, took = _timed(client, Call(tool="t", args=["fine"]), timeout=20)
+    assert fine.ok and fine.value == "fine" and took < 2.0
+
+
+def test_a_welcome_with_invalid_limits_is_not_believed(hostile: Callable[..., ExecutorClient]) -> None:
+    with pytest.raises(Exception, match="no executor answered"):
+        hostile(limits={"timeout_s": math.nan})
+
+
+def test_the_hostile_server_speaks_valid_ciayn(hostile: Callable[..., ExecutorClient]) -> None:
+    """The fixture itself: a plain welcome is understood, so the findings above are the client's."""
+    client = hostile(tools=[_tool(timeout=2.0)], limits={"timeout_s": 3.0})
+    assert client.welcome == Welcome(executor="evil", incarnation=1, tools=[ToolSpec(name="t", signature="()",
+                                                                                     timeout=2.0)],
+                                     limits=Limits(timeout_s=3.0))
