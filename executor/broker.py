@@ -62,6 +62,7 @@ from protocol import (
     Welcome,
     decode,
     encode,
+    fingerprint,
 )
 from protocol.timing import HEARTBEAT_INTERVAL, PEER_EXPIRY, RECOVERY_WINDOW
 
@@ -88,6 +89,7 @@ class Job:
 
     call: Call
     frames: list[bytes]  # the call as the client encoded it: forwarded as is
+    key: str  # what a resend of its id must match (tool, arguments, timeout)
     client: bytes  # the route it came from: its fair-queue key
     waiters: list[bytes]
     spec: ToolSpec | None  # None while the broker is recovering and no executor announced the tool
@@ -134,6 +136,7 @@ class Broker:
         max_queue_per_client: int = 16384,
         recovery_s: float = RECOVERY_WINDOW,
         metrics: str | None = None,
+        insecure: bool = False,
     ) -> None:
         self.frontend_endpoint = frontend
         self.backend_endpoint = backend
@@ -144,6 +147,7 @@ class Broker:
         self.max_queue_per_client = max_queue_per_client
         self.recovery_s = recovery_s
         self.metrics_address = metrics
+        self.insecure = insecure
         self.broker_id = "broker-" + uuid.uuid4().hex[:8]
         digest = hashlib.sha256(frontend.encode()).digest()
         self.incarnation = int.from_bytes(digest[:6], "big")  # the pool's, stable across restarts
@@ -154,7 +158,7 @@ class Broker:
         self.jobs: dict[str, Job] = {}
         self.queues: collections.OrderedDict[bytes, collections.deque[Job]] = collections.OrderedDict()
         self.queued = 0
-        self.cache: collections.OrderedDict[str, list[bytes]] = collections.OrderedDict()
+        self.cache: collections.OrderedDict[str, tuple[list[bytes], str]] = collections.OrderedDict()
         self.cache_bytes = 0
         self.locations: collections.OrderedDict[str, tuple[str, float]] = collections.OrderedDict()
         self.hellos: list[tuple[bytes, float]] = []  # waiting for the first executor
@@ -174,8 +178,20 @@ class Broker:
         self.frontend = self._bind(self.frontend_endpoint, self.curve_clients, "frontend")
         self.backend = self._bind(self.backend_endpoint, self.curve_executors, "backend")
         self.backend.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a call to a vanished executor fails here
+        self.frontend.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a client reconnecting under its routing id takes it over
 
     def _bind(self, endpoint: str, allowed_dir: str | None, which: str) -> zmq.Socket[bytes]:
+        problem = ""
+        if endpoint.startswith("tcp://") and not self.curve_secret:
+            problem = (f"the {which} {endpoint} without CurveZMQ lets anyone who can reach it (on loopback: any "
+                       f"local user) {'run tools' if which == 'frontend' else 'pose as an executor'}; use "
+                       "--curve-secret with --curve-clients and --curve-executors, or ipc paths in a private directory")
+        elif endpoint.startswith("ipc://@"):
+            problem = f"the {which} {endpoint} is an abstract socket, which any local user can connect to"
+        if problem and not self.insecure:
+            raise BrokerError(f"refusing: {problem} (or pass --insecure)")
+        if problem:
+            log.warning("serving insecurely (--insecure): %s", problem)
         ctx: zmq.Context[Any] = zmq.Context()
         self.contexts.append(ctx)
         sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
@@ -199,9 +215,6 @@ class Broker:
         except zmq.ZMQError as e:
             sock.close(0)
             raise BrokerError(f"cannot bind the {which} {endpoint}: {e}") from None
-        if endpoint.startswith("tcp://") and not self.curve_secret and not _loopback(endpoint):
-            log.warning("the %s %s has no CurveZMQ: anyone who can reach it can %s; use --curve-secret",
-                        which, endpoint, "run tools" if which == "frontend" else "pose as an executor")
         return sock
 
     def close(self) -> None:
@@ -330,7 +343,7 @@ class Broker:
                 else:
                     self.hellos.append((route, time.monotonic() + HELLO_WAIT))
             elif isinstance(msg, Cancel):
-                self._on_cancel(msg.id)
+                self._on_cancel(route, msg.id)
             elif isinstance(msg, Status):
                 self._send_frontend(route, self.report(time.monotonic()))
             else:
@@ -365,11 +378,15 @@ class Broker:
         if not cid:
             self._send_frontend(route, Result.failure("", "protocol", "a call must carry an id"))
             return
+        key = _key(call)
         cached = self.cache.get(cid)
-        if cached is not None:
-            self._send_frames_frontend(route, cached)
-            return
         job = self.jobs.get(cid)
+        if (cached is not None and cached[1] not in ("", key)) or (job is not None and job.key != key):
+            self._send_frontend(route, Result.failure(cid, "protocol", f"id {cid} already used for a different call"))
+            return
+        if cached is not None:
+            self._send_frames_frontend(route, cached[0])
+            return
         if job is not None:
             if route not in job.waiters:
                 job.waiters.append(route)
@@ -394,7 +411,7 @@ class Broker:
                                                    f"({self.queued} calls); the call did not run"))
             return
         job = Job(call=call, frames=frames, client=route, waiters=[route], spec=spec,
-                  timeout=self._timeout(call, spec), queued_at=now)
+                  timeout=self._timeout(call, spec), queued_at=now, key=key)
         self.jobs[cid] = job
         held_by = self.locations.pop(cid, None)
         member = self._member_by_id(held_by[0]) if held_by else None
@@ -435,10 +452,10 @@ class Broker:
         job.spec = spec
         job.timeout = self._timeout(job.call, spec)
 
-    def _on_cancel(self, cid: str) -> None:
+    def _on_cancel(self, route: bytes, cid: str) -> None:
         job = self.jobs.get(cid)
-        if job is None:
-            return
+        if job is None or route not in job.waiters:
+            return  # only a client waiting for a call may cancel it
         if job.member is None:
             self._unqueue(job)
             self._finish(job, Result.failure(cid, "cancelled", "the call was cancelled before it ran"))
@@ -628,7 +645,7 @@ class Broker:
                 self._unqueue(job)
                 self._finish(job, result, frames)
             elif job is None:
-                self._remember(cid, frames)
+                self._remember(cid, frames, "")  # the key is unknown: only a resend of the same id reaches it
             return
         if job is None or job.member is not member:
             log.debug("executor %s answered call %s, which it was not running; ignored", member.id, cid)
@@ -674,26 +691,26 @@ class Broker:
             self.stats.observe(job.call.tool, result, time.monotonic() - job.queued_at)
         else:
             self.stats.served += 1
-        self._remember(cid, frames)
+        self._remember(cid, frames, job.key)
         for route in job.waiters:
             self._send_frames_frontend(route, frames)
 
     def _answer_now(self, route: bytes, result: Result) -> None:
+        """A refusal (unknown tool, bad arguments, a full queue): not remembered, so that a corrected
+        call may reuse its id (SPEC section 8)."""
         result.executor = self.broker_id
-        frames = _encode(result)
-        self._remember(result.id, frames)
-        self._send_frames_frontend(route, frames)
+        self._send_frames_frontend(route, _encode(result))
 
-    def _remember(self, cid: str, frames: list[bytes]) -> None:
+    def _remember(self, cid: str, frames: list[bytes], key: str) -> None:
         if not cid:
             return
         replaced = self.cache.pop(cid, None)
         if replaced is not None:
-            self.cache_bytes -= sum(len(f) for f in replaced)
-        self.cache[cid] = frames
+            self.cache_bytes -= sum(len(f) for f in replaced[0])
+        self.cache[cid] = (frames, key)
         self.cache_bytes += sum(len(f) for f in frames)
         while len(self.cache) > RESULT_CACHE_SIZE or self.cache_bytes > RESULT_CACHE_BYTES:
-            _, dropped = self.cache.popitem(last=False)
+            _, (dropped, _key) = self.cache.popitem(last=False)
             self.cache_bytes -= sum(len(f) for f in dropped)
 
     def _send_frontend(self, route: bytes, msg: Any) -> None:
@@ -729,6 +746,11 @@ class Broker:
                       tools=self.stats.tool_stats())
 
 
+def _key(call: Call) -> str:
+    """What identifies a call apart from its id: a resend of the id must carry the same."""
+    return f"{fingerprint(call)}/{call.timeout!r}"
+
+
 def _spec_of(member: Member, name: str) -> ToolSpec | None:
     return next((t for t in member.ready.tools if t.name == name), None)
 
@@ -739,7 +761,3 @@ def _encode(msg: Any) -> list[bytes]:
     except ProtocolError as e:
         return encode(Result.failure(getattr(msg, "id", "") or "", "output_limit", str(e)))
 
-
-def _loopback(endpoint: str) -> bool:
-    host = endpoint[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
-    return host in ("localhost", "::1") or host.startswith("127.")

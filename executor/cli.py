@@ -157,6 +157,9 @@ def _add_broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                         f"(default: {RECOVERY_WINDOW:g})")
     broker.add_argument("--metrics-port", metavar="[HOST:]PORT",
                         help="serve Prometheus metrics over HTTP on this port (127.0.0.1 unless HOST is given)")
+    broker.add_argument("--insecure", action="store_true",
+                        help="allow tcp without CurveZMQ (anyone who can reach an endpoint can use it) and abstract "
+                        "ipc sockets")
     broker.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                         help="stderr log verbosity (default: info)")
 
@@ -255,7 +258,7 @@ def _broker(args: argparse.Namespace) -> int:
         return 2
     broker = Broker(args.frontend, args.backend, curve_secret=args.curve_secret, curve_clients=args.curve_clients,
                     curve_executors=args.curve_executors, max_queue=args.max_queue, recovery_s=args.recovery_s,
-                    metrics=args.metrics_port)
+                    metrics=args.metrics_port, insecure=args.insecure)
     try:
         return broker.serve()
     except BrokerError as e:

@@ -25,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from executor.endpoint import RECV_BATCH, SHUTDOWN_LINGER_MS, Incoming
+from executor.endpoint import RECV_BATCH, SHUTDOWN_LINGER_MS, EndpointError, Incoming
 from protocol import MAX_FRAME_BYTES, Bye, Heartbeat, ProtocolError, Ready, decode, encode
 from protocol.timing import HEARTBEAT_INTERVAL, PEER_EXPIRY, backoff
 
@@ -38,7 +38,15 @@ class BrokerLink:
     """A DEALER connected to a broker's backend; reconnects and re-announces by itself."""
 
     def __init__(self, ctx: zmq.Context[Any], endpoint: str, *, announce: Callable[[], Ready],
-                 curve_server_key: bytes | None = None, curve_keys: tuple[bytes, bytes] | None = None) -> None:
+                 curve_server_key: bytes | None = None, curve_keys: tuple[bytes, bytes] | None = None,
+                 insecure: bool = False) -> None:
+        if endpoint.startswith("tcp://") and curve_server_key is None:
+            problem = (f"the broker at {endpoint} without CurveZMQ: anyone who can reach that address (on loopback: "
+                       "any local user) can pose as the broker and send this executor calls, or read them")
+            if not insecure:
+                raise EndpointError(f"refusing to connect to {problem}; use --curve-server-key (and "
+                                    "--curve-secret), or pass --insecure")
+            log.warning("connecting insecurely (--insecure) to %s", problem)
         self.endpoint = endpoint
         self.announce = announce
         self.curve = curve_server_key is not None
@@ -56,10 +64,11 @@ class BrokerLink:
         self.next_heartbeat = 0.0
         self.last_heard = self.announced = time.monotonic()
         self.executor = ""
-        self._connect()
-        if endpoint.startswith("tcp://") and not self.curve and not _loopback(endpoint):
-            log.warning("connecting to the broker at %s without CurveZMQ: anyone on the path can send this "
-                        "executor calls; use --curve-server-key", endpoint)
+        try:
+            self._connect()
+        except BaseException:
+            sock.close(0)
+            raise
 
     def describe(self) -> str:
         return f"broker {self.endpoint} (curve: {'on' if self.curve else 'off'})"
@@ -68,8 +77,6 @@ class BrokerLink:
         try:
             self.socket.connect(self.endpoint)
         except zmq.ZMQError as e:
-            from executor.endpoint import EndpointError
-
             raise EndpointError(f"cannot connect to the broker at {self.endpoint}: {e}") from None
         self.reconnect_at = 0.0
         self._announce(time.monotonic())
@@ -138,8 +145,3 @@ class BrokerLink:
             self.send(BROKER, encode(Bye(executor=self.executor, reason="shutting down")))
         self.socket.close(linger=SHUTDOWN_LINGER_MS)
 
-
-def _loopback(endpoint: str) -> bool:
-    from executor.endpoint import _loopback as loopback
-
-    return loopback(endpoint)

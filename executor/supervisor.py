@@ -154,18 +154,19 @@ class Supervisor:
                                   insecure=self.insecure)
         server_key = load_public(self.curve_server_key) if self.curve_server_key else None
         keys = load_pair(self.curve_secret) if self.curve_secret else None
-        return BrokerLink(ctx, self.endpoint, announce=self._ready, curve_server_key=server_key, curve_keys=keys)
+        return BrokerLink(ctx, self.endpoint, announce=self._ready, curve_server_key=server_key, curve_keys=keys,
+                          insecure=self.insecure)
 
     def _ready(self) -> Ready:
         """What a linked executor announces to the broker on every (re)connection."""
         held = list(self.calls.jobs) + list(self.calls.cache)[-HELD_RECENT:]
         return Ready(executor=self.executor_id, incarnation=self.incarnation, tools=list(self.pool.specs.values()),
-                     limits=self.limits, capacity=len(self.pool.slots), profile=self.profile, held=held)
+                     limits=self.limits, capacity=self.pool.size, profile=self.profile, held=held)
 
     def report(self, now: float) -> Report:
         """The answer to ``status`` (and what ``--metrics-port`` exports)."""
         me = ExecutorStatus(executor=self.executor_id, incarnation=self.incarnation, tools=sorted(self.pool.specs),
-                            capacity=len(self.pool.slots), busy=self.pool.busy(), queued=len(self.calls.queue),
+                            capacity=self.pool.size, busy=self.pool.busy(), queued=len(self.calls.queue),
                             served=self.stats.served, worker_restarts=self.stats.worker_restarts)
         return Report(role="executor", id=self.executor_id, incarnation=self.incarnation,
                       uptime_s=round(now - self.started, 3), capacity=me.capacity, busy=me.busy, queued=me.queued,
