@@ -20,6 +20,7 @@ from controller.react import ReactAgent
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILTIN = "executor.toolkits.builtin"
+SHELL = "executor.toolkits.shell"  # run_shell: not in the default toolkit
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +59,7 @@ def test_react_run_over_http_writes_a_file_from_the_executor(make_client: Any, w
 
         # The model got the executor's JSON Schemas as tools, and each result under its call's id.
         tools = {t["function"]["name"]: t["function"] for t in stub.requests[0]["tools"]}
-        assert set(tools) == {"read_file", "write_file", "list_dir", "run_shell", "emit_note", "complete_task"}
+        assert set(tools) == {"read_file", "write_file", "list_dir", "emit_note", "complete_task"}
         assert tools["write_file"]["parameters"]["required"] == ["path", "content"]
         sent = stub.requests[2]["messages"]
         tool_results = {m["tool_call_id"]: m["content"] for m in sent if m["role"] == "tool"}
@@ -145,7 +146,7 @@ def test_ciayn_run_cli_with_the_ciayn_backend_completes_over_http(workspace: Pat
         proc = subprocess.run(
             [sys.executable, "-m", "controller.cli", "run", "Write ciayn.txt", "--model", "openai/stub",
              "--api-base", stub.api_base, "--backend", "ciayn", "--workspace", str(workspace), "--timeout", "1",
-             "--json"],
+             "--tools", BUILTIN, "--tools", SHELL, "--json"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
         )
         assert proc.returncode == 0, proc.stderr[-2000:] + proc.stdout[-2000:]

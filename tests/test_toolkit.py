@@ -1,10 +1,14 @@
-"""The built-in toolkit, called in-process on a real filesystem with real symlinks and subprocesses."""
+"""The bundled toolkits, called in-process on a real filesystem with real symlinks and subprocesses.
+
+The file tools run twice: with openat2 (the kernel resolves beneath the workspace) and with the
+realpath fallback used where openat2 is missing. Through a real executor: ``test_workspace_*.py``."""
 
 from __future__ import annotations
 
 import os
 import re
 import time
+import tracemalloc
 from pathlib import Path
 
 import psutil
@@ -12,26 +16,32 @@ import pytest
 
 from executor import signals
 from executor.registry import load_tools
-from executor.toolkits import builtin
-from executor.toolkits.builtin import (
-    complete_task,
-    emit_note,
-    list_dir,
-    read_file,
-    run_shell,
-    write_file,
-)
+from executor.toolkits import builtin, paths, shell
+from executor.toolkits.builtin import complete_task, emit_note, list_dir, read_file, write_file
+from executor.toolkits.shell import run_shell
 
 
-@pytest.fixture
-def ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A workspace, with a sibling directory ``outside`` that tools must never reach."""
+@pytest.fixture(params=["openat2", "fallback"])
+def ws(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A workspace, with a sibling directory ``outside`` that tools must never reach; the file tools
+    resolve paths with openat2, or with the fallback check as on a kernel without it."""
+    if request.param == "fallback":
+        monkeypatch.setattr(paths, "openat2_missing", lambda: "no openat2 in this test")
+    elif paths.openat2_missing() is not None:
+        pytest.skip(f"openat2 is not usable here: {paths.openat2_missing()}")
     root = tmp_path / "ws"
     root.mkdir()
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "secret.txt").write_text("top secret")
     monkeypatch.setenv("CIAYN_WORKSPACE", str(root))
     return root
+
+
+@pytest.fixture
+def shell_ws(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A workspace for run_shell, which resolves no paths (so it runs once, not per path mode)."""
+    monkeypatch.setenv("CIAYN_WORKSPACE", str(tmp_path))
+    return tmp_path
 
 
 @pytest.fixture
@@ -70,22 +80,30 @@ def live_sleep_children() -> list[psutil.Process]:
 # --- the registry sees exactly these tools -------------------------------------------------------
 
 
-def test_load_tools_yields_exactly_the_builtin_tools_with_their_flags() -> None:
+def test_load_tools_yields_exactly_the_builtin_tools_with_their_flags_and_no_shell() -> None:
     tools = load_tools(["executor.toolkits.builtin"])
     flags = {name: (t.spec.bundleable, t.spec.idempotent, t.spec.no_repeat) for name, t in tools.items()}
     assert flags == {
         "read_file": (True, True, False),
         "write_file": (False, False, False),
         "list_dir": (True, True, False),
-        "run_shell": (False, False, False),
         "emit_note": (True, False, False),
         "complete_task": (False, False, False),
     }
     assert set(builtin.__all__) == set(tools)
-    shell_timeout = tools["run_shell"].spec.timeout
-    assert shell_timeout is not None and shell_timeout > builtin.SHELL_TIMEOUT_MAX
     assert tools["read_file"].spec.signature == "(path: str, max_bytes: int = 200000) -> str"
     assert all(t.spec.doc and "No docstring" not in t.spec.doc for t in tools.values())
+
+
+def test_the_shell_toolkit_is_run_shell_documented_as_unconfined() -> None:
+    tools = load_tools(["executor.toolkits.shell"])
+    assert list(tools) == ["run_shell"] and shell.__all__ == ["run_shell"]
+    spec = tools["run_shell"].spec
+    assert (spec.bundleable, spec.idempotent, spec.no_repeat) == (False, False, False)
+    assert spec.timeout is not None and spec.timeout > shell.SHELL_TIMEOUT_MAX
+    assert "full shell access as the executor's user" in " ".join(spec.doc.split())
+    assert "--profile hardened" in spec.doc
+    assert "full shell access as the executor's user" in (shell.__doc__ or "")
 
 
 # --- read_file, write_file, list_dir: happy paths ------------------------------------------------
@@ -275,38 +293,139 @@ def test_symlink_loop_is_refused_even_with_dotdot_after_it(ws: Path, outside: Pa
     assert not (outside / "x.txt").exists()
 
 
+def test_an_absolute_symlink_pointing_inside_is_followed(ws: Path) -> None:
+    (ws / "real").mkdir()
+    (ws / "real" / "f.txt").write_text("via an absolute link")
+    (ws / "abs").symlink_to(ws / "real", target_is_directory=True)  # the kernel refuses these beneath a root
+    assert read_file("abs/f.txt") == "via an absolute link"
+    assert write_file("abs/new/deeper.txt", "x") == "wrote 1 bytes to abs/new/deeper.txt"
+    assert (ws / "real" / "new" / "deeper.txt").read_text() == "x"
+    assert list_dir("abs") == ["f.txt", "new/"]
+
+
+def test_writing_through_a_dangling_symlink_inside_creates_its_target(ws: Path) -> None:
+    (ws / "alias.txt").symlink_to("later.txt")
+    write_file("alias.txt", "made")
+    assert (ws / "later.txt").read_text() == "made"
+
+
+def test_a_dangling_symlink_in_the_parent_path_is_a_clear_error_with_openat2(ws: Path) -> None:
+    (ws / "gone").symlink_to("nowhere")
+    if paths.openat2_missing() is not None:  # the fallback resolves the link first, then makes "nowhere/"
+        assert write_file("gone/f.txt", "x") == "wrote 1 bytes to gone/f.txt"
+        assert (ws / "nowhere" / "f.txt").read_text() == "x"
+        return
+    with pytest.raises(NotADirectoryError, match=r"parent directory of 'gone/f\.txt': 'gone' is a symlink to nothing"):
+        write_file("gone/f.txt", "x")
+    assert sorted(os.listdir(ws)) == ["gone"]
+
+
+def test_writing_to_a_fifo_is_refused_without_hanging(ws: Path) -> None:
+    os.mkfifo(ws / "pipe")
+    with pytest.raises(OSError, match="not a regular file"):
+        write_file("pipe", "x")
+
+
+# --- hard links ----------------------------------------------------------------------------------
+
+
+def test_write_refuses_a_hard_link_to_a_file_outside_and_leaves_both_untouched(ws: Path, outside: Path) -> None:
+    os.link(outside / "secret.txt", ws / "planted.txt")
+    with pytest.raises(PermissionError, match=r"'planted\.txt' has 2 hard links"):
+        write_file("planted.txt", "overwritten")
+    assert (outside / "secret.txt").read_text() == "top secret"  # not truncated either: checked before any change
+
+
+def test_write_refuses_any_file_with_two_names_even_through_a_symlink(ws: Path) -> None:
+    (ws / "a.txt").write_text("a")
+    os.link(ws / "a.txt", ws / "b.txt")
+    (ws / "link.txt").symlink_to("b.txt")
+    for name in ("a.txt", "b.txt", "link.txt"):
+        with pytest.raises(PermissionError, match="hard links"):
+            write_file(name, "x")
+    assert (ws / "a.txt").read_text() == "a"
+
+
+def test_read_of_a_hard_linked_file_reads_it_like_any_workspace_file(ws: Path, outside: Path) -> None:
+    # Documented: whoever could make the link could already read the file (fs.protected_hardlinks).
+    os.link(outside / "secret.txt", ws / "shared.txt")
+    assert read_file("shared.txt") == "top secret"
+
+
+# --- read_file memory ------------------------------------------------------------------------------
+
+
+def test_a_huge_max_bytes_on_a_small_file_allocates_only_the_file(ws: Path) -> None:
+    (ws / "small.txt").write_text("hello\n" * 100)
+    read_file("small.txt")  # warm up caches and imports outside the measurement
+    tracemalloc.start()
+    try:
+        text = read_file("small.txt", max_bytes=10**10)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert text == "hello\n" * 100
+    assert peak < 64 * 1024, f"read_file allocated {peak} bytes for a 600-byte file"
+
+
+def test_a_large_file_is_read_in_bounded_chunks(ws: Path) -> None:
+    size = 3 * builtin.READ_CHUNK + 123
+    (ws / "big.txt").write_bytes(b"y" * size)
+    tracemalloc.start()
+    try:
+        text = read_file("big.txt", max_bytes=10**10)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(text) == size
+    assert peak < 4 * size, f"read_file allocated {peak} bytes for a {size}-byte file"
+
+
+def test_a_sparse_file_stops_at_the_first_chunk_with_a_nul(ws: Path) -> None:
+    with open(ws / "sparse.txt", "wb") as f:
+        f.truncate(1 << 40)  # 1 TiB of holes: no disk, all NULs
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="binary"):
+            read_file("sparse.txt", max_bytes=10**13)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * builtin.READ_CHUNK
+
+
 # --- run_shell -----------------------------------------------------------------------------------
 
 
-def test_run_shell_reports_exit_code_stdout_and_stderr(ws: Path) -> None:
+def test_run_shell_reports_exit_code_stdout_and_stderr(shell_ws: Path) -> None:
     r = run_shell("echo out; echo err >&2; exit 3")
     assert r == {"exit_code": 3, "stdout": "out\n", "stderr": "err\n", "timed_out": False}
 
 
-def test_run_shell_runs_in_the_workspace(ws: Path) -> None:
-    (ws / "marker").touch()
+def test_run_shell_runs_in_the_workspace(shell_ws: Path) -> None:
+    (shell_ws / "marker").touch()
     r = run_shell("pwd; ls")
-    assert r["stdout"] == f"{ws}\nmarker\n"
+    assert r["stdout"] == f"{shell_ws}\nmarker\n"
 
 
-def test_run_shell_reports_death_by_signal_as_negative_exit_code(ws: Path) -> None:
+def test_run_shell_reports_death_by_signal_as_negative_exit_code(shell_ws: Path) -> None:
     assert run_shell("kill -TERM $$")["exit_code"] == -15
 
 
-def test_run_shell_timeout_kills_the_whole_group_and_returns_fast(ws: Path) -> None:
+def test_run_shell_timeout_kills_the_whole_group_and_returns_fast(shell_ws: Path) -> None:
     start = time.monotonic()
     r = run_shell("echo $$ > pids; sleep 60 & echo $! >> pids; sleep 60", timeout=1.0)
     elapsed = time.monotonic() - start
     assert r["timed_out"] is True
     assert "timed out after 1 s" in str(r["stderr"])
     assert 1.0 <= elapsed < 10
-    pids = [int(line) for line in (ws / "pids").read_text().split()]
+    pids = [int(line) for line in (shell_ws / "pids").read_text().split()]
     assert len(pids) == 2
     assert wait_until_dead(pids) == []
     assert live_sleep_children() == []
 
 
-def test_background_processes_do_not_outlive_the_command(ws: Path) -> None:
+def test_background_processes_do_not_outlive_the_command(shell_ws: Path) -> None:
     start = time.monotonic()
     r = run_shell("sleep 60 & echo $!")
     assert time.monotonic() - start < 10
@@ -315,23 +434,23 @@ def test_background_processes_do_not_outlive_the_command(ws: Path) -> None:
     assert live_sleep_children() == []
 
 
-def test_run_shell_waits_for_a_command_that_closed_its_output(ws: Path) -> None:
+def test_run_shell_waits_for_a_command_that_closed_its_output(shell_ws: Path) -> None:
     r = run_shell("exec >&- 2>&-; sleep 0.3; exit 4", timeout=10)
     assert r["exit_code"] == 4 and r["timed_out"] is False
 
 
-def test_run_shell_output_is_capped_keeping_head_and_tail(ws: Path) -> None:
+def test_run_shell_output_is_capped_keeping_head_and_tail(shell_ws: Path) -> None:
     r = run_shell("seq 1 100000; seq 1 20 >&2")
     out = str(r["stdout"])
     total = len("".join(f"{i}\n" for i in range(1, 100001)).encode())
-    assert len(out.encode()) < builtin.SHELL_OUTPUT_CAP + 100
+    assert len(out.encode()) < shell.SHELL_OUTPUT_CAP + 100
     assert out.startswith("1\n2\n3\n")
     assert out.endswith("99999\n100000\n")
-    assert f"[... {total - builtin.SHELL_OUTPUT_CAP} bytes cut ...]" in out
+    assert f"[... {total - shell.SHELL_OUTPUT_CAP} bytes cut ...]" in out
     assert r["stderr"] == "".join(f"{i}\n" for i in range(1, 21))
 
 
-def test_run_shell_stdin_is_at_eof_immediately(ws: Path) -> None:
+def test_run_shell_stdin_is_at_eof_immediately(shell_ws: Path) -> None:
     # Give this process a stdin that never ends, so a command inheriting it would hang until timeout.
     read_end, write_end = os.pipe()
     saved = os.dup(0)
@@ -345,11 +464,11 @@ def test_run_shell_stdin_is_at_eof_immediately(ws: Path) -> None:
     assert r == {"exit_code": 0, "stdout": "done\n", "stderr": "", "timed_out": False}
 
 
-def test_run_shell_refuses_an_out_of_range_timeout(ws: Path) -> None:
+def test_run_shell_refuses_an_out_of_range_timeout(shell_ws: Path) -> None:
     with pytest.raises(ValueError, match="timeout"):
         run_shell("true", timeout=0)
     with pytest.raises(ValueError, match="timeout"):
-        run_shell("true", timeout=builtin.SHELL_TIMEOUT_MAX + 1)
+        run_shell("true", timeout=shell.SHELL_TIMEOUT_MAX + 1)
 
 
 # --- signals -------------------------------------------------------------------------------------
