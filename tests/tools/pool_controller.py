@@ -1,11 +1,15 @@
-"""One controller of the pool load test, as its own process: ``python pool_controller.py ENDPOINT NAME
-CALLS LOG OUT [IN_FLIGHT]``. It sends CALLS calls through one ``ExecutorClient`` (every fifth to the
-idempotent ``lookup``, the others to ``work``), at most IN_FLIGHT at a time, each with a tag naming
-this controller and the call, and writes one JSON line per answer to OUT: the tag it asked for, the
-id it sent, the id and tag that came back, ok and the error kind."""
+"""One controller of the pool load test, as its own process:
+
+    python pool_controller.py ENDPOINT NAME CALLS LOG OUT [IN_FLIGHT] [--curve-server-key F --curve-key F]
+
+It sends CALLS calls through one ``ExecutorClient`` (every fifth to the idempotent ``lookup``, the
+others to ``work``), at most IN_FLIGHT at a time, each with a tag naming this controller and the call,
+and writes one JSON line per answer to OUT: the tag it asked for, the id it sent, the id and tag that
+came back, ok and the error kind."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import threading
@@ -14,15 +18,25 @@ from concurrent.futures import Future
 
 from controller import ExecutorClient
 from protocol import Call, Result
+from protocol.curve import load_pair, load_public
 
 
 def main() -> int:
-    endpoint, name, calls, log, out = sys.argv[1:6]
-    in_flight = int(sys.argv[6]) if len(sys.argv) > 6 else 16
+    parser = argparse.ArgumentParser()
+    for name in ("endpoint", "name", "calls", "log", "out"):
+        parser.add_argument(name)
+    parser.add_argument("in_flight", nargs="?", type=int, default=16)
+    parser.add_argument("--curve-server-key")
+    parser.add_argument("--curve-key")
+    a = parser.parse_args()
+    endpoint, name, calls, log, out, in_flight = a.endpoint, a.name, a.calls, a.log, a.out, a.in_flight
+    curve = {}
+    if a.curve_server_key:
+        curve = {"curve_server_key": load_public(a.curve_server_key), "curve_keys": load_pair(a.curve_key)}
     gate = threading.Semaphore(in_flight)
     lines: list[str] = []
     lock = threading.Lock()
-    with ExecutorClient(endpoint, timeout=30) as client:
+    with ExecutorClient(endpoint, timeout=30, **curve) as client:  # type: ignore[arg-type]
         client.tools(timeout=30)
         futures: list[Future[Result]] = []
         for i in range(int(calls)):
