@@ -31,6 +31,18 @@ import zmq
 
 from executor import framing
 from executor.calls import Job
+from executor.channel import (
+    CallRequest,
+    ChannelError,
+    Exited,
+    LoadFailed,
+    Reply,
+    Spawn,
+    Spawned,
+    Sweep,
+    ToolsLoaded,
+    template_message,
+)
 from executor.worker import PR_SET_CHILD_SUBREAPER, WorkerConfig, kill_children, reply_cap, template_main
 from executor.worker import _prctl as worker_prctl
 from protocol import ErrorInfo, Result, Signal, Stats, ToolSpec, WorkerInfo
@@ -127,20 +139,20 @@ class WorkerPool:
         self.template_pid, self.template = pid, ours
         ours.settimeout(TEMPLATE_START_TIMEOUT)
         try:
-            first = framing.recv(ours)
-        except (EOFError, OSError, framing.FrameError) as e:
+            first = template_message(framing.recv(ours))
+        except (EOFError, OSError, framing.FrameError, ChannelError) as e:
             self._kill_template()
             raise StartupError(f"the tool template process died while importing the tools ({e})") from None
         ours.settimeout(None)
-        if first.get("op") == "error":
+        if not isinstance(first, ToolsLoaded):
             self._kill_template()
-            raise StartupError(first["message"])
-        specs = {s["name"]: ToolSpec.model_validate(s) for s in first["specs"]}
+            raise StartupError(first.message if isinstance(first, LoadFailed) else f"unexpected {first!r}")
+        specs = {s["name"]: ToolSpec.model_validate(s) for s in first.specs}
         if self.specs and specs != self.specs:
             log.warning("the new template's tools differ from the first one's; keeping the first list")
         else:
             self.specs = specs
-        self.cgroups = first.get("cgroups") or ""
+        self.cgroups = first.cgroups
         self.template_fd = ours.fileno()
 
     def attach(self, poller: zmq.Poller) -> None:
@@ -303,14 +315,9 @@ class WorkerPool:
             slot.seq += 1
             slot.reader.limit = reply_cap(job.limits)
             self.spin_until = time.monotonic() + SPIN_AFTER_DISPATCH
-            request = {
-                "seq": slot.seq,
-                "tool": job.call.tool,
-                "args": job.call.args,
-                "kwargs": job.call.kwargs,
-                "limits": job.limits.model_dump() if job.limits is not self.limits else None,
-            }
-            slot.outbuf += framing.pack(request)
+            request = CallRequest(seq=slot.seq, tool=job.call.tool, args=job.call.args, kwargs=job.call.kwargs,
+                                  limits=job.limits.model_dump() if job.limits is not self.limits else None)
+            slot.outbuf += framing.pack(request.to_wire())
             self._flush(slot)
         self._refill()
 
@@ -327,7 +334,7 @@ class WorkerPool:
             self.next_id += 1
             self.spawning[self.next_id] = time.monotonic()
             try:
-                framing.send(self.template, {"op": "spawn", "worker": self.next_id})
+                framing.send(self.template, Spawn(worker=self.next_id).to_wire())
             except OSError:
                 break  # the template is gone; its channel's EOF replaces it
 
@@ -365,16 +372,16 @@ class WorkerPool:
     def _on_template(self) -> None:
         assert self.template is not None
         try:
-            msg, fds = framing.recv_with_fds(self.template)
-        except (EOFError, OSError, framing.FrameError, ValueError):
+            raw, fds = framing.recv_with_fds(self.template)
+            msg = template_message(raw)
+        except (EOFError, OSError, framing.FrameError, ValueError):  # ChannelError is a ValueError
             self._replace_template("died")
             return
-        op = msg.get("op") if isinstance(msg, dict) else None
-        if op == "spawned":
-            wid = msg["worker"]
+        if isinstance(msg, Spawned) and len(fds) >= 3:
+            wid = msg.worker
             self.spawning.pop(wid, None)
             chan = socket.socket(fileno=fds[0])
-            slot = Slot(id=wid, pid=msg["pid"], chan=chan, reader=framing.Reader(chan, IDLE_READ_LIMIT),
+            slot = Slot(id=wid, pid=msg.pid, chan=chan, reader=framing.Reader(chan, IDLE_READ_LIMIT),
                         out_fd=fds[1], err_fd=fds[2])
             os.set_blocking(slot.out_fd, False)
             os.set_blocking(slot.err_fd, False)
@@ -385,8 +392,8 @@ class WorkerPool:
                     self.poller.register(fd, zmq.POLLIN)
             log.debug("worker %d ready (pid %d)", slot.id, slot.pid)
             self.dispatch()
-        elif op == "exited":
-            pid = msg["pid"]
+        elif isinstance(msg, Exited):
+            pid = msg.pid
             if self.retiring.pop(pid, None) is not None:
                 return  # a fresh worker that answered its one call and exited, as it should
             if pid in self.abandoned:
@@ -399,9 +406,8 @@ class WorkerPool:
                     self.retiring.pop(pid, None)
                     return
             if dead is not None:
-                self._worker_gone(dead, msg.get("signal") or 0, msg.get("code"), oom=bool(msg.get("oom")),
-                                  cpu_s=float(msg.get("cpu_s") or 0.0), peak_rss_kb=int(msg.get("peak_rss_kb") or 0))
-        for fd in fds if op != "spawned" else fds[3:]:
+                self._worker_gone(dead, msg.signal, msg.code, oom=msg.oom, cpu_s=msg.cpu_s, peak_rss_kb=msg.peak_rss_kb)
+        for fd in fds[3:] if isinstance(msg, Spawned) else fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
@@ -464,20 +470,20 @@ class WorkerPool:
         except framing.FrameError as e:
             replies, closed = [], True
             self._malformed(slot, e, "output_limit" if "limit" in str(e) else "crashed")
-        for reply in replies:
+        for raw in replies:
             job = slot.job
-            if job is None or not isinstance(reply, dict) or reply.get("seq") != slot.seq:
-                # A reply to no request, or to another one: tool code wrote on the channel (a
-                # forged reply, then the real one). Never let it answer some other call.
-                self._malformed(slot, ValueError("a reply that does not match the request in flight"))
-                break
-            self._drain_output(slot)
             try:
-                memory = not reply["ok"] and reply["error"]["kind"] == "memory"
-                result = self._result_from_reply(job, slot, reply)
-            except (TypeError, KeyError, ValueError) as e:  # ValidationError is a ValueError
+                reply = Reply.from_wire(raw)
+                if job is None or reply.seq != slot.seq:
+                    # A reply to no request, or to another one: tool code wrote on the channel (a
+                    # forged reply, then the real one). Never let it answer some other call.
+                    raise ChannelError("a reply that does not match the request in flight")
+                memory = reply.error is not None and reply.error.get("kind") == "memory"
+                result = self._result_from_reply(job, reply)
+            except (TypeError, ValueError) as e:  # ChannelError and pydantic's ValidationError are ValueErrors
                 self._malformed(slot, e)  # the call is answered when the worker's death is reported
                 break
+            self._drain_output(slot)
             slot.job = None
             if job.outcome is not None:
                 # Decided here before the reply was read (output over the cap found while draining,
@@ -496,7 +502,7 @@ class WorkerPool:
         self.dispatch()
         if self.config.reuse and not closed and self.template is not None:
             with contextlib.suppress(OSError):  # processes a call started with CLONE_PARENT went to the template
-                framing.send(self.template, {"op": "sweep"})
+                framing.send(self.template, Sweep().to_wire())
 
     def _malformed(self, slot: Slot, problem: Exception, kind: str = "crashed") -> None:
         """The worker's channel carried something our worker code never sends: tool code wrote on
@@ -513,26 +519,22 @@ class WorkerPool:
                     "inherited?); it was killed")
         self._kill(slot, "malformed message")
 
-    def _result_from_reply(self, job: Job, slot: Slot, reply: dict[str, Any]) -> Result:
-        """Build the result from a worker's reply. What the worker says (ok, value, error, signals,
-        stats) is validated, since tool code shares its process; what the supervisor knows itself is
-        not. This runs on every call, so it avoids validating twice."""
-        ok = reply["ok"]
-        if type(ok) is not bool:
-            raise TypeError("the reply's ok is not a bool")
-        error = None if ok else ErrorInfo.model_validate(reply["error"])
-        signals = reply.get("signals") or ()
-        stats = Stats(wall_s=reply.get("wall_s", 0.0), cpu_s=reply.get("cpu_s", 0.0),
-                      peak_rss_kb=reply.get("peak_rss_kb", 0))
+    def _result_from_reply(self, job: Job, reply: Reply) -> Result:
+        """Build the result from a worker's reply (its fields' types already checked by
+        ``Reply.from_wire``). The error and signals are validated as protocol values, since tool code
+        shares the worker's process; what the supervisor knows itself is not. This runs on every
+        call, so it avoids validating twice."""
+        error = None if reply.ok else ErrorInfo.model_validate(reply.error)
+        stats = Stats(wall_s=reply.wall_s, cpu_s=reply.cpu_s, peak_rss_kb=reply.peak_rss_kb)
         return Result.model_construct(
             id=job.call_id,
-            ok=ok,
-            value=reply.get("value"),
-            value_is_repr=reply.get("value_is_repr") is True,
+            ok=reply.ok,
+            value=reply.value,
+            value_is_repr=reply.value_is_repr,
             error=error,
             stdout="",
             stderr="",
-            signals=[Signal.model_validate(s) for s in signals],
+            signals=[Signal.model_validate(s) for s in reply.signals],
             worker=None,
             stats=stats,
             limits=job.limits,

@@ -38,6 +38,18 @@ import msgpack
 
 from executor import framing, signals
 from executor.cgroups import CgroupSupport, Group
+from executor.channel import (
+    CallRequest,
+    ChannelError,
+    Exited,
+    LoadFailed,
+    Reply,
+    Spawn,
+    Spawned,
+    Sweep,
+    ToolsLoaded,
+    template_message,
+)
 from executor.limits import apply_call_limits, apply_process_limits
 from executor.registry import RegistryError, Tool, load_tools
 from protocol import BindError, Limits, ValueRefused, check_value
@@ -159,10 +171,10 @@ def template_main(chan: socket.socket, config: WorkerConfig) -> None:
         try:
             tools = load_tools(config.targets)
         except RegistryError as e:
-            framing.send(chan, {"op": "error", "message": str(e)})
+            framing.send(chan, LoadFailed(message=str(e)).to_wire())
             os._exit(3)
-        framing.send(chan, {"op": "tools", "specs": [t.spec.model_dump() for t in tools.values()],
-                            "cgroups": pool.cgroups.describe() if pool.cgroups else ""})
+        framing.send(chan, ToolsLoaded(specs=[t.spec.model_dump() for t in tools.values()],
+                                       cgroups=pool.cgroups.describe() if pool.cgroups else "").to_wire())
         _template_loop(chan, tools, pool)
     except BaseException:
         traceback.print_exc()
@@ -234,15 +246,17 @@ def _template_loop(chan: socket.socket, tools: dict[str, Tool], pool: _Workers) 
                 return  # the supervisor is gone: so are the workers and all they left
         if chan.fileno() in ready:
             try:
-                req = framing.recv(chan)
+                req = template_message(framing.recv(chan))
             except (EOFError, OSError, framing.FrameError):  # the supervisor closed the channel: shutting down
                 return
-            op = req.get("op") if isinstance(req, dict) else None
-            if op == "spawn":
-                group = pool.new_group(req["worker"])
-                pid = _spawn_worker(chan, req["worker"], tools, pool.config, group)
+            except ChannelError as e:
+                print(f"ciayn-executor: template: ignoring a malformed request ({e})", file=sys.stderr)
+                continue
+            if isinstance(req, Spawn):
+                group = pool.new_group(req.worker)
+                pid = _spawn_worker(chan, req.worker, tools, pool.config, group)
                 pool.groups[pid] = group
-            elif op == "sweep":
+            elif isinstance(req, Sweep):
                 pool.sweep()
 
 
@@ -261,8 +275,9 @@ def _reap(chan: socket.socket, pool: _Workers) -> bool:
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
             try:
-                framing.send(chan, {"op": "exited", "pid": pid, "signal": sig, "code": code, "oom": oom,
-                                    "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_kb": usage.ru_maxrss})
+                exited = Exited(pid=pid, signal=sig, code=code, oom=oom, cpu_s=usage.ru_utime + usage.ru_stime,
+                                peak_rss_kb=usage.ru_maxrss)
+                framing.send(chan, exited.to_wire())
             except OSError:
                 return False
 
@@ -290,7 +305,7 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
     child_end.close()
     os.close(out_w)
     os.close(err_w)
-    framing.send_with_fds(chan, {"op": "spawned", "worker": worker, "pid": pid}, [parent_end.fileno(), out_r, err_r])
+    framing.send_with_fds(chan, Spawned(worker=worker, pid=pid).to_wire(), [parent_end.fileno(), out_r, err_r])
     parent_end.close()
     os.close(out_r)
     os.close(err_r)
@@ -327,12 +342,12 @@ def worker_loop(chan: socket.socket, tools: dict[str, Tool], config: WorkerConfi
     _rehearse(tools, config.limits)
     while True:
         try:
-            req = framing.recv(chan)
+            req = CallRequest.from_wire(framing.recv(chan))
         except EOFError:
             return
-        reply, replace = run_call(req, tools, config.limits, hard=not config.reuse)
-        reply["seq"] = req.get("seq")
-        data = _pack_reply(reply, reply_cap(_call_limits(req, config.limits)))
+        limits = _call_limits(req, config.limits)
+        reply, replace = run_call(req, tools, limits, hard=not config.reuse)
+        data = _pack_reply(reply, reply_cap(limits))
         try:
             chan.sendall(data)
         except OSError:
@@ -352,36 +367,34 @@ def _rehearse(tools: dict[str, Tool], limits: Limits) -> None:
     Limits.model_validate(limits.model_dump())
     _reset_peak_rss()
     _cpu()
-    reply = _encode_value(None, limits)
-    reply.update(wall_s=0.0, cpu_s=_cpu(), peak_rss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                 signals=[], seq=0)
+    reply = _encode_value(0, None, limits)
+    reply.cpu_s, reply.peak_rss_kb = _cpu(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     _pack_reply(reply, reply_cap(limits))
     _has_children()
 
 
-def _pack_reply(reply: dict[str, Any], cap: int) -> bytes:
+def _pack_reply(reply: Reply, cap: int) -> bytes:
     """The reply's frame, cut to fit ``cap``: an error's type, message and traceback and the signals
     are shortened (with a note) rather than dropped."""
+    wire = reply.to_wire()
     try:
-        data = framing.pack(reply)
+        data = framing.pack(wire)
     except ValueError:  # UnicodeEncodeError: a message holds a surrogate escape (a non-UTF-8 file name)
-        reply = _utf8_safe(reply)
-        data = framing.pack(reply)
+        wire = _utf8_safe(wire)
+        data = framing.pack(wire)
     if len(data) <= cap:
         return data
-    error = reply.get("error")
+    error = wire.get("error")
     if isinstance(error, dict):
         for key, limit in (("traceback", 1000), ("message", 1000), ("type", MAX_TYPE_CHARS)):
             if isinstance(error.get(key), str):
                 error[key] = _cut(error[key], limit)
-    sigs = reply.get("signals") or []
-    reply["signals"] = [{**s, "message": _cut(s.get("message", ""), 1000)} for s in sigs[:8]]
-    data = framing.pack(reply)
+    wire["signals"] = [{**s, "message": _cut(s.get("message", ""), 1000)} for s in wire["signals"][:8]]
+    data = framing.pack(wire)
     if len(data) > cap:  # still too large: only the value can be (it passed its own check)
-        reply.pop("value", None)
-        reply["ok"] = False
-        reply["error"] = {"kind": "output_limit", "message": f"the reply is over the {cap}-byte limit"}
-        data = framing.pack(reply)
+        wire.update(value=None, ok=False, error={"kind": "output_limit",
+                                                 "message": f"the reply is over the {cap}-byte limit"})
+        data = framing.pack(wire)
     return data
 
 
@@ -389,8 +402,8 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f"... [cut: {len(text)} characters in all]"
 
 
-def _call_limits(req: dict[str, Any], defaults: Limits) -> Limits:
-    return Limits.model_validate(req["limits"]) if req.get("limits") else defaults
+def _call_limits(req: CallRequest, defaults: Limits) -> Limits:
+    return Limits.model_validate(req.limits) if req.limits else defaults
 
 
 def _utf8_safe(obj: Any) -> Any:
@@ -426,47 +439,43 @@ def _cpu() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
-def run_call(req: dict[str, Any], tools: dict[str, Tool], defaults: Limits,
-             hard: bool = True) -> tuple[dict[str, Any], bool]:
-    """Run one call; return the reply for the supervisor and whether this worker must be replaced.
-    ``hard``: the call's limits are set as hard limits too (a fresh worker: the tool cannot lift them)."""
-    t = tools.get(req["tool"])
-    limits = _call_limits(req, defaults)
+def run_call(req: CallRequest, tools: dict[str, Tool], limits: Limits, hard: bool = True) -> tuple[Reply, bool]:
+    """Run one call under ``limits``; return the reply for the supervisor and whether this worker must
+    be replaced. ``hard``: the limits are set as hard limits too (a fresh worker: the tool cannot
+    lift them)."""
+    t = tools.get(req.tool)
     signals.drain()
     replace = False
-    reply: dict[str, Any]
     if t is None:  # the supervisor checks first; this is a second line
-        return {"ok": False, "error": {"kind": "unknown_tool", "message": f"no tool named {req['tool']!r}"}}, False
+        return Reply.failure(req.seq, "unknown_tool", f"no tool named {req.tool!r}"), False
     try:
-        t.spec.bind(req["args"], req["kwargs"])
+        t.spec.bind(req.args, req.kwargs)
     except BindError as e:
-        return {"ok": False, "error": {"kind": "bad_arguments", "message": str(e)}}, False
+        return Reply.failure(req.seq, "bad_arguments", str(e)), False
     apply_call_limits(limits, hard=hard)
     _reset_peak_rss()
     wall0, cpu0 = time.perf_counter(), _cpu()
     try:
-        value = t.fn(*req["args"], **req["kwargs"])
-        reply = _encode_value(value, limits)
+        value = t.fn(*req.args, **req.kwargs)
+        reply = _encode_value(req.seq, value, limits)
     except MemoryError:
-        reply = {"ok": False, "error": {"kind": "memory", "type": "MemoryError",
-                                        "message": f"the tool ran out of memory (limit {limits.memory_mb} MB)"}}
+        reply = Reply.failure(req.seq, "memory", f"the tool ran out of memory (limit {limits.memory_mb} MB)",
+                              type="MemoryError")
         replace = True
     except BaseException as e:  # SystemExit and KeyboardInterrupt too: a tool cannot stop its worker
-        reply = {"ok": False, "error": _tool_error(e)}
+        reply = Reply(seq=req.seq, ok=False, error=_tool_error(e))
     finally:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
         except Exception:
             pass
-    reply["wall_s"] = time.perf_counter() - wall0
-    leftovers = kill_children() if _has_children() else 0
-    reply["cpu_s"] = _cpu() - cpu0
-    reply["peak_rss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    reply["signals"] = [{"kind": s.kind, "message": _cut(s.message, MAX_SIGNAL_CHARS)}
-                        for s in signals.drain()[:MAX_SIGNALS]]
-    if leftovers:
-        reply["leftovers"] = leftovers
+    reply.wall_s = time.perf_counter() - wall0
+    reply.leftovers = kill_children() if _has_children() else 0
+    reply.cpu_s = _cpu() - cpu0
+    reply.peak_rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    reply.signals = [{"kind": s.kind, "message": _cut(s.message, MAX_SIGNAL_CHARS)}
+                     for s in signals.drain()[:MAX_SIGNALS]]
     return reply, replace
 
 
@@ -500,25 +509,22 @@ def _safe_str(e: BaseException) -> str:
     return _cut(text, MAX_MESSAGE_CHARS) if isinstance(text, str) else "?"
 
 
-def _encode_value(value: Any, limits: Limits) -> dict[str, Any]:
+def _encode_value(seq: int, value: Any, limits: Limits) -> Reply:
     cap = limits.max_result_kb * 1024
     if isinstance(value, str | bytes) and len(value) > cap:  # before packing a copy of something huge
-        return {"ok": False, "error": {"kind": "output_limit",
-                                       "message": f"the result is {len(value)} characters, over the {cap}-byte limit"}}
+        return Reply.failure(seq, "output_limit", f"the result is {len(value)} characters, over the {cap}-byte limit")
     try:
         check_value(value)
         size = len(msgpack.packb(value, use_bin_type=True))
         if size > cap:
-            return {"ok": False, "error": {"kind": "output_limit",
-                                           "message": f"the result is {size} bytes, over the {cap}-byte limit"}}
-        return {"ok": True, "value": value}
+            return Reply.failure(seq, "output_limit", f"the result is {size} bytes, over the {cap}-byte limit")
+        return Reply(seq=seq, ok=True, value=value)
     except (ValueRefused, TypeError, OverflowError, ValueError, RecursionError) as refused:
         try:
             text = repr(value)
         except BaseException as e:
-            return {"ok": False, "error": {"kind": "unserializable",
-                                           "message": f"the result cannot be sent ({refused}) and its repr() "
-                                           f"failed: {type(e).__name__}: {_safe_str(e)}"}}
+            return Reply.failure(seq, "unserializable", f"the result cannot be sent ({refused}) and its repr() "
+                                 f"failed: {type(e).__name__}: {_safe_str(e)}")
         if len(text) > min(cap, MAX_REPR_CHARS):
             text = text[: min(cap, MAX_REPR_CHARS)] + "... [repr truncated]"
-        return {"ok": True, "value": text, "value_is_repr": True}
+        return Reply(seq=seq, ok=True, value=text, value_is_repr=True)

@@ -1,0 +1,197 @@
+"""Typed messages on the executor's internal channels (supervisor <-> template, supervisor <-> worker).
+
+Both ends are our own code, but a worker shares its process with tool code, which can write
+anything on the channel; so every message read by the supervisor is rebuilt here from plain msgpack
+data with its types checked (``from_wire``), and anything else is a ``ChannelError``. On the wire a
+message is a msgpack map with an ``op`` key (see ``executor.framing`` for the length-prefixed frames).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+
+class ChannelError(ValueError):
+    """A message that is not one of ours, or whose fields have the wrong types."""
+
+
+def _field(obj: dict[str, Any], name: str, kinds: type | tuple[type, ...], default: Any = ...) -> Any:
+    if name not in obj:
+        if default is ...:
+            raise ChannelError(f"the message has no {name!r}")
+        return default
+    value = obj[name]
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise ChannelError(f"{name!r} is a bool")
+    if not isinstance(value, kinds):
+        raise ChannelError(f"{name!r} is a {type(value).__name__}")
+    return value
+
+
+class _Message:
+    """Base of the channel messages (each a dataclass): ``to_wire`` is the map sent on the channel."""
+
+    OP: ClassVar[str] = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"op": self.OP, **asdict(self)}  # type: ignore[call-overload]
+
+
+# ------------------------------------------------------------------ supervisor <-> template
+
+
+@dataclass(frozen=True)
+class Spawn(_Message):
+    """Supervisor -> template: fork worker number ``worker``."""
+
+    OP: ClassVar[str] = "spawn"
+    worker: int
+
+
+@dataclass(frozen=True)
+class Sweep(_Message):
+    """Supervisor -> template: kill every child that is not a live worker (reused workers' calls end
+    without a worker exit, so processes a call started with ``CLONE_PARENT`` are swept this way)."""
+
+    OP: ClassVar[str] = "sweep"
+
+
+@dataclass(frozen=True)
+class ToolsLoaded(_Message):
+    """Template -> supervisor, once: the tool specs (ToolSpec dumps) and the cgroup layers in use."""
+
+    OP: ClassVar[str] = "tools"
+    specs: list[dict[str, Any]]
+    cgroups: str = ""
+
+
+@dataclass(frozen=True)
+class LoadFailed(_Message):
+    """Template -> supervisor, instead of ``ToolsLoaded``: the tool modules cannot be imported."""
+
+    OP: ClassVar[str] = "error"
+    message: str
+
+
+@dataclass(frozen=True)
+class Spawned(_Message):
+    """Template -> supervisor, with three descriptors attached: channel, stdout and stderr."""
+
+    OP: ClassVar[str] = "spawned"
+    worker: int
+    pid: int
+
+
+@dataclass(frozen=True)
+class Exited(_Message):
+    """Template -> supervisor: a worker died, with what the kernel measured of it (``wait4``)."""
+
+    OP: ClassVar[str] = "exited"
+    pid: int
+    signal: int = 0
+    code: int | None = None
+    oom: bool = False
+    cpu_s: float = 0.0
+    peak_rss_kb: int = 0
+
+
+TemplateMessage = Spawn | Sweep | ToolsLoaded | LoadFailed | Spawned | Exited
+
+
+def template_message(obj: Any) -> TemplateMessage:
+    """Rebuild a message of the template channel (either direction)."""
+    if not isinstance(obj, dict):
+        raise ChannelError("the message is not a map")
+    op = obj.get("op")
+    if op == Spawn.OP:
+        return Spawn(worker=_field(obj, "worker", int))
+    if op == Sweep.OP:
+        return Sweep()
+    if op == ToolsLoaded.OP:
+        return ToolsLoaded(specs=_field(obj, "specs", list), cgroups=_field(obj, "cgroups", str, ""))
+    if op == LoadFailed.OP:
+        return LoadFailed(message=_field(obj, "message", str))
+    if op == Spawned.OP:
+        return Spawned(worker=_field(obj, "worker", int), pid=_field(obj, "pid", int))
+    if op == Exited.OP:
+        return Exited(
+            pid=_field(obj, "pid", int),
+            signal=_field(obj, "signal", int, 0),
+            code=_field(obj, "code", (int, type(None)), None),
+            oom=_field(obj, "oom", bool, False),
+            cpu_s=float(_field(obj, "cpu_s", (int, float), 0.0)),
+            peak_rss_kb=_field(obj, "peak_rss_kb", int, 0),
+        )
+    raise ChannelError(f"unknown op {op!r}")
+
+
+# ------------------------------------------------------------------ supervisor <-> worker
+
+
+@dataclass(frozen=True)
+class CallRequest(_Message):
+    """Supervisor -> worker: run one call. ``seq`` numbers the request; the reply must carry it.
+    ``limits`` is a ``Limits`` dump when the call's limits differ from the executor's defaults."""
+
+    OP: ClassVar[str] = "call"
+    seq: int
+    tool: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    limits: dict[str, Any] | None = None
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> CallRequest:
+        if not isinstance(obj, dict) or obj.get("op") != cls.OP:
+            raise ChannelError("not a call request")
+        return cls(seq=_field(obj, "seq", int), tool=_field(obj, "tool", str), args=_field(obj, "args", list),
+                   kwargs=_field(obj, "kwargs", dict), limits=_field(obj, "limits", (dict, type(None)), None))
+
+
+@dataclass
+class Reply(_Message):
+    """Worker -> supervisor: how the call went. ``error`` is an ``ErrorInfo`` dump; ``signals`` are
+    ``Signal`` dumps; the figures are the call's own (wall and CPU seconds, peak RSS in KB)."""
+
+    OP: ClassVar[str] = "reply"
+    seq: int
+    ok: bool
+    value: Any = None
+    value_is_repr: bool = False
+    error: dict[str, Any] | None = None
+    signals: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    peak_rss_kb: int = 0
+    leftovers: int = 0  # processes the call left behind, killed after it
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> Reply:
+        """Rebuild a reply read from a worker, checking every field (tool code shares the worker's
+        process and may have written it)."""
+        if not isinstance(obj, dict) or obj.get("op") != cls.OP:
+            raise ChannelError("not a reply")
+        ok = _field(obj, "ok", bool)
+        error = _field(obj, "error", (dict, type(None)), None)
+        if not ok and error is None:
+            raise ChannelError("a failed reply without an error")
+        signals = _field(obj, "signals", list, [])
+        if not all(isinstance(s, dict) for s in signals):
+            raise ChannelError("'signals' holds something that is not a map")
+        return cls(
+            seq=_field(obj, "seq", int),
+            ok=ok,
+            value=obj.get("value"),
+            value_is_repr=_field(obj, "value_is_repr", bool, False),
+            error=error,
+            signals=signals,
+            wall_s=float(_field(obj, "wall_s", (int, float), 0.0)),
+            cpu_s=float(_field(obj, "cpu_s", (int, float), 0.0)),
+            peak_rss_kb=_field(obj, "peak_rss_kb", int, 0),
+            leftovers=_field(obj, "leftovers", int, 0),
+        )
+
+    @classmethod
+    def failure(cls, seq: int, kind: str, message: str, **error: Any) -> Reply:
+        return cls(seq=seq, ok=False, error={"kind": kind, "message": message, **error})
