@@ -7,6 +7,7 @@ import keyword
 import math
 import time
 import tracemalloc
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -411,7 +412,7 @@ def _decode_only_raises_protocol_error(frames: Any) -> None:
     try:
         msg = decode(frames)
     except ProtocolError as e:
-        assert e.error.kind == "protocol"
+        assert e.error.kind in ("protocol", "bad_arguments")  # the latter: a call whose only fault is its timeout
     else:
         assert isinstance(msg, Body)
 
@@ -551,7 +552,7 @@ def _call_with_args(args: bytes) -> list[bytes]:
     return [VERSION, b"call", b"\x83\xa2id\xa3c-1\xa4tool\xa1f\xa4args" + args]
 
 
-BOMBS = {
+BOMBS: dict[str, Callable[[], list[bytes]]] = {
     # The attacker's body: 16 M empty arrays inside the size cap (8-37 s and up to 4.9 GB before).
     "16M-empty-arrays": lambda: _call_with_args(_array(16_000_000, b"\x90")),
     "1000-arrays-of-16k-empty-arrays": lambda: _call_with_args(_array(1000, _array(16_000, b"\x90"))),

@@ -6,6 +6,7 @@ of the wire attacker or the other-language client in issue 10."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 import stat
 import subprocess
@@ -16,12 +17,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgpack
+import psutil
 import pytest
 import zmq
 
 from controller import ExecutorClient, LocalExecutor
 from controller.client import DEADLINE_GRACE
 from protocol import MAX_FRAME_BYTES, VERSION, Call, Ping, Pong, Report, Result, Status, decode, encode
+from tests.test_codec import BOMBS
 
 FAULTY = str(Path(__file__).parent / "tools" / "faulty.py")
 SERVE = [sys.executable, "-m", "executor.cli", "serve", "--tools", FAULTY]
@@ -313,3 +316,44 @@ def test_no_call_id_or_tool_name_can_forge_a_log_line(
         decode(sock.recv_multipart())
     lines = local_of(client).log_path.read_text().splitlines()
     assert not [line for line in lines if line.startswith("ciayn-executor[1]")], lines
+
+
+# --------------------------------------------------------------------------- random bytes
+
+
+def test_random_bytes_on_the_wire_only_ever_get_protocol_answers_in_bounded_time_and_memory(
+    make_client: Callable[..., ExecutorClient], dealer: Callable[..., zmq.Socket[bytes]]
+) -> None:
+    """Hundreds of random bodies (and the decoding bombs) under every kind a client may send: each
+    gets exactly one error answer, fast, and the executor's memory does not grow with them."""
+    client = make_client()
+    sock = dealer(client.endpoint)
+    local = local_of(client)
+    assert local.proc is not None
+    supervisor = psutil.Process(local.proc.pid)
+    rng = random.Random(10)
+    bodies: list[list[bytes]] = [make() for make in BOMBS.values()]
+    for _ in range(400):
+        kind = rng.choice([b"call", b"ping", b"cancel", b"hello", b"status", b"result", b"bogus"])
+        body = rng.randbytes(rng.randrange(0, 2048))
+        if rng.random() < 0.5:  # a map header first, so the bytes get past the first check
+            body = b"\x83\xa2id\xa3r-1" + body
+        bodies.append([VERSION, kind, body])
+    rss_before = supervisor.memory_info().rss
+    slowest = 0.0
+    for frames in bodies:
+        try:
+            decode(frames)
+            continue  # a random body that happens to be valid: not what this test is about
+        except Exception:
+            pass
+        started = time.monotonic()
+        sock.send_multipart(frames)
+        reply = decode(sock.recv_multipart())
+        slowest = max(slowest, time.monotonic() - started)
+        assert isinstance(reply, Result | Pong), reply
+        assert reply.error is not None and reply.error.kind in ("protocol", "bad_arguments"), reply
+    assert slowest < 2.0, f"slowest answer {slowest:.2f} s"
+    assert supervisor.memory_info().rss - rss_before < 200 * 1024 * 1024
+    sock.send_multipart(encode(Ping(nonce=1)))
+    assert isinstance(decode(sock.recv_multipart()), Pong)
