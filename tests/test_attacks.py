@@ -1,0 +1,618 @@
+"""The attack suite: tools written to escape or sabotage the executor (``tests/tools/attacks.py``),
+each run in a real executor on a real ipc socket.
+
+Every finding of issue 9 is an attack here: replies forged on the worker's channel, patched
+registries, threads and alarms left for the next call, inherited descriptors, secrets, a killed,
+stopped or frozen template, unkillable workers and children, lifted limits, ``CLONE_PARENT``
+children, oversized errors and signals, floods on the channel. After each attack the executor must
+still answer a ping at once, its process tree must be exactly supervisor, template and worker
+(nothing the attack started), and the supervisor's peak RSS must stay under ``SUPERVISOR_PEAK_MB``.
+
+The second part proves each defense layer on its own, so that one broken layer cannot hide behind
+another: tools get stdin at EOF from an executor started with an open stdin pipe, memory limits
+hold with ``--no-cgroups`` (``RLIMIT_DATA`` alone), and exactly one group exists per live worker
+after crashes. Where a layer is missing, ``require_layer`` skips, except on CI (root, cgroups,
+``CI=true``), where it fails.
+
+A test marked ``xfail(strict=True, reason="HOLE: ...")`` is an attack that succeeds on the current
+code: it documents the hole and turns into a failure (XPASS) the day the hole is closed, when the
+mark must go.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from controller import ExecutorClient, ExecutorUnavailable, LocalExecutor
+from executor.cgroups import CgroupSupport
+from executor.pool import KILL_GRACE, RETIRE_GRACE, TEMPLATE_ANSWER_TIMEOUT
+from protocol import Call, Result, encode
+from protocol.environment import ALWAYS, ALWAYS_PREFIXES
+from tests.conftest import TESTS, require_layer
+from tests.pool import wait_until
+from tests.test_executor_faults import Wire, _alive, assert_tree_is_supervisor_template_and
+
+ATTACKS = str(TESTS / "tools" / "attacks.py")
+TIMEOUT = 5.0  # the executors' wall-clock limit
+GRACE = 1.5  # how late after its bound an answer may come, on a loaded 2-core machine
+SUPERVISOR_PEAK_MB = 100  # issue 9: the supervisor stays under this through the whole suite
+SECRETS = {"OPENAI_API_KEY": "sk-attack-0penai", "AWS_SECRET_ACCESS_KEY": "aws-attack-secret",
+           "GITHUB_TOKEN": "ghp_attack_token"}
+FREEZER = Path("/sys/fs/cgroup/freezer")
+PR_CAPBSET_DROP = 24
+CAP_SYS_RESOURCE = 24
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def supervisor_peak_mb(local: LocalExecutor) -> float:
+    """The supervisor's peak resident set (VmHWM): it catches a spike that was freed again."""
+    assert local.proc is not None
+    with open(f"/proc/{local.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in the supervisor's status")
+
+
+def held(local: LocalExecutor, worker_pid: int | None = None) -> None:
+    """After an attack: the executor runs and answers a ping at once, its tree is supervisor,
+    template and one worker (``worker_pid`` for a reused one), and the supervisor stayed small."""
+    assert local.proc is not None and local.proc.poll() is None, f"the executor exited\n{local.log_tail()}"
+    wire = Wire(local.endpoint)
+    try:
+        wire.ping(within=1.0)
+    finally:
+        wire.close()
+    assert_tree_is_supervisor_template_and(local, worker_pid)
+    peak = supervisor_peak_mb(local)
+    assert peak < SUPERVISOR_PEAK_MB, f"the supervisor's RSS peaked at {peak:.0f} MB"
+
+
+def timed(client: ExecutorClient, tool: str, timeout: float | None = None, **kwargs: Any) -> tuple[Result, float]:
+    started = time.monotonic()
+    result = client.call(Call(tool=tool, kwargs=kwargs), timeout=timeout)
+    return result, time.monotonic() - started
+
+
+def template_pid(client: ExecutorClient) -> int:
+    r = client.call(Call(tool="whoami"))
+    assert r.ok, r.error
+    return int(r.value["ppid"])
+
+
+def _start(**options: Any) -> LocalExecutor:
+    local = LocalExecutor(tools=[ATTACKS], timeout=TIMEOUT, **options)
+    local.start()
+    return local
+
+
+@pytest.fixture(scope="module")
+def executor() -> Iterator[LocalExecutor]:
+    """One executor with default options (a fresh worker per call, one worker) that every attack in
+    the first part of the module hits in turn: it must hold through all of them."""
+    local = _start()
+    yield local
+    local.stop()
+
+
+@pytest.fixture
+def client(executor: LocalExecutor) -> ExecutorClient:
+    assert executor.client is not None
+    return executor.client
+
+
+@pytest.fixture
+def start_raw() -> Iterator[Callable[..., LocalExecutor]]:
+    """Start ``ciayn-executor serve`` the way an operator would, not through ``LocalExecutor``'s
+    filtered environment and ``stdin=DEVNULL``: ``start_raw(env=..., stdin=..., preexec_fn=...,
+    pass_env=[...], **options)``. The command line is ``LocalExecutor``'s; stopped at the end."""
+    started: list[LocalExecutor] = []
+
+    def start(*, env: dict[str, str] | None = None, stdin: int = subprocess.DEVNULL,
+              preexec_fn: Callable[[], None] | None = None, pass_env: list[str] | None = None,
+              **options: Any) -> LocalExecutor:
+        local = LocalExecutor(tools=[ATTACKS], timeout=TIMEOUT, pass_env=pass_env or (), **options)
+        local.dir = Path(tempfile.mkdtemp(prefix="ciayn-attack-"))
+        started.append(local)
+        with open(local.log_path, "wb") as log:
+            local.proc = subprocess.Popen(local.command(), stdin=stdin, stdout=log, stderr=log,
+                                          env=env if env is not None else dict(os.environ),
+                                          preexec_fn=preexec_fn, start_new_session=True)
+        client = ExecutorClient(local.endpoint, connect_timeout=0.5)
+        deadline = time.monotonic() + 60
+        while True:
+            assert local.proc.poll() is None, f"the executor exited\n{local.log_tail()}"
+            try:
+                client.tools(timeout=0.5)
+                break
+            except ExecutorUnavailable:
+                assert time.monotonic() < deadline, f"the executor did not come up\n{local.log_tail()}"
+        client.connect_timeout = 10.0
+        local.client = client
+        return local
+
+    yield start
+    for local in started:
+        local.stop()
+        if local.proc is not None and local.proc.stdin is not None:
+            local.proc.stdin.close()
+
+
+@pytest.fixture
+def freezer() -> Iterator[Path]:
+    """A v1 freezer group for the test: a task frozen in it ignores SIGKILL until thawed, as a task
+    in uninterruptible sleep does. Thawed, emptied and removed at the end (before the executors the
+    test started are stopped: request this fixture after ``make_client``)."""
+    if os.geteuid() != 0 or not (FREEZER / "cgroup.procs").exists():
+        pytest.skip("needs root and the v1 freezer hierarchy to make a process that SIGKILL cannot stop")
+    group = FREEZER / f"ciayn-attack-{uuid.uuid4().hex[:8]}"
+    yield group
+    if group.exists():
+        thaw(group)
+        wait_until("the frozen processes to exit once thawed",
+                   lambda: not (group / "cgroup.procs").read_text().split(), timeout=10)
+        group.rmdir()
+
+
+def thaw(group: Path) -> None:
+    (group / "freezer.state").write_text("THAWED")
+
+
+def _drop_cap_sys_resource() -> None:
+    """preexec_fn: drop CAP_SYS_RESOURCE from the bounding set, so the executor (even as root) runs
+    without the capability that lets a process raise its hard limits."""
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_CAPBSET_DROP, CAP_SYS_RESOURCE, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP, CAP_SYS_RESOURCE)")
+
+
+# ----------------------------------------------------------------- calls do not leak into later calls
+
+
+def test_a_tool_that_forges_its_reply_and_stays_never_sees_or_answers_a_later_call(
+    executor: LocalExecutor, client: ExecutorClient, tmp_path: Path
+) -> None:
+    seen = tmp_path / "requests-the-squatter-read.log"
+    forged = client.call(Call(tool="forge_reply_then_serve", kwargs={"log": str(seen), "seconds": 30}))
+    assert forged.worker is not None
+    squatter = forged.worker.pid
+    # Its own call may carry its forgery (that result is the tool's to make); no other call may.
+    for i in range(5):
+        r = client.call(Call(tool="echo", args=[f"innocent {i}"]))
+        assert r.ok and r.value == f"innocent {i}", r
+        assert r.worker is not None and r.worker.pid != squatter
+    assert not seen.exists(), f"the squatting tool read later requests: {seen.read_text()!r}"
+    wait_until("the squatting worker to be killed", lambda: not _alive(squatter), timeout=RETIRE_GRACE + GRACE)
+    held(executor)
+
+
+def test_a_tool_that_patches_the_registry_changes_no_later_call(
+    executor: LocalExecutor, client: ExecutorClient
+) -> None:
+    patched = client.call(Call(tool="patch_registry"))
+    assert patched.ok and patched.value > 0, patched  # it did rewrite the registry of its own process
+    for i in range(3):
+        r = client.call(Call(tool="echo", args=[i]))
+        assert r.ok and r.value == i, f"a later call returned the patch's value: {r}"
+    assert isinstance(client.call(Call(tool="whoami")).value, dict)
+    held(executor)
+
+
+def test_a_thread_left_running_writes_nothing_into_the_next_call(
+    executor: LocalExecutor, client: ExecutorClient
+) -> None:
+    left = client.call(Call(tool="leave_thread", kwargs={"delay": 0.3, "kb": 4096}))
+    assert left.ok, left.error
+    after = client.call(Call(tool="nap", kwargs={"seconds": 1.0}))  # the thread would fire during this call
+    assert after.ok, f"the next call was blamed for the thread's output: {after.error}"
+    assert after.stdout == "" and after.worker is not None and not after.worker.restarted
+    held(executor)
+
+
+def test_an_alarm_armed_for_the_next_call_never_fires_in_it(executor: LocalExecutor, client: ExecutorClient) -> None:
+    assert client.call(Call(tool="arm_alarm", kwargs={"seconds": 1})).ok
+    after = client.call(Call(tool="nap", kwargs={"seconds": 1.5}))
+    assert after.ok, f"the innocent call died of the alarm: {after.error}"
+    held(executor)
+
+
+# --------------------------------------------------------------------------------- inherited handles
+
+
+def _descriptors(client: ExecutorClient) -> dict[int, dict[str, Any]]:
+    r = client.call(Call(tool="open_fds"))
+    assert r.ok, r.error
+    return {entry["fd"]: entry for entry in r.value}
+
+
+def test_a_worker_holds_only_stdin_stdout_stderr_and_its_channel(
+    executor: LocalExecutor, client: ExecutorClient
+) -> None:
+    fds = _descriptors(client)
+    sockets = [fd for fd, entry in fds.items() if entry["socket"]]
+    assert len(sockets) == 1, f"expected one socket (the channel): {fds}"
+    assert set(fds) == {0, 1, 2, sockets[0]}, f"descriptors beyond 0, 1, 2 and the channel: {fds}"
+    assert fds[0]["target"] == "/dev/null" and fds[0]["chr"]
+    assert fds[1]["fifo"] and fds[2]["fifo"]
+    held(executor)
+
+
+def test_the_controllers_pidfd_is_not_inherited(executor: LocalExecutor, client: ExecutorClient) -> None:
+    assert "--parent-pid" in executor.command(), "the executor watches its controller through a pidfd"
+    assert all(entry["target"] != "anon_inode:[pidfd]" for entry in _descriptors(client).values())
+    hits = client.call(Call(tool="signal_through_pidfds"))
+    assert hits.ok and hits.value == [], f"a tool could signal a process through descriptors {hits.value}"
+    held(executor)
+
+
+def test_no_clear_refs_descriptor_is_held(executor: LocalExecutor, client: ExecutorClient) -> None:
+    for entry in _descriptors(client).values():
+        assert "clear_refs" not in entry["target"], entry
+    held(executor)
+
+
+# ---------------------------------------------------------------------------------------- secrets
+
+
+def _allowed(name: str) -> bool:
+    return name in ALWAYS or name.startswith(ALWAYS_PREFIXES)
+
+
+def test_secrets_in_the_executors_environment_are_not_in_a_tools_environment(
+    start_raw: Callable[..., LocalExecutor],
+) -> None:
+    local = start_raw(env={**os.environ, **SECRETS})
+    assert local.client is not None
+    seen = local.client.call(Call(tool="read_secrets")).value
+    assert not set(SECRETS) & set(seen["environ"]), seen["environ"]
+    assert all(_allowed(name) for name in seen["environ"]), sorted(seen["environ"])
+    held(local)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE: a worker is forked (never exec'd) from the supervisor, so /proc/self/environ (the environment "
+    "its process image started with, kept on its stack) still holds every variable the executor was started "
+    "with, and so does the template's /proc/<ppid>/environ; os.environ.clear() in the template does not "
+    "touch that memory. `OPENAI_API_KEY=x ciayn-executor serve ...` then a tool reading /proc/self/environ "
+    "gets x. (LocalExecutor and ciayn filter before exec, so they are not affected.)"))
+def test_secrets_in_the_executors_environment_are_not_in_proc_environ(
+    start_raw: Callable[..., LocalExecutor],
+) -> None:
+    local = start_raw(env={**os.environ, **SECRETS})
+    assert local.client is not None
+    seen = local.client.call(Call(tool="read_secrets")).value
+    assert seen["proc_self"] == {}, f"the worker's /proc/self/environ holds {sorted(seen['proc_self'])}"
+    assert seen["proc_parent"] == {}, f"the template's /proc/<pid>/environ holds {sorted(seen['proc_parent'])}"
+
+
+def test_pass_env_hands_on_exactly_the_variables_named(start_raw: Callable[..., LocalExecutor]) -> None:
+    local = start_raw(env={**os.environ, **SECRETS, "CIAYN_ATTACK_ONE": "1", "CIAYN_ATTACK_TWO": "2"},
+                      pass_env=["GITHUB_TOKEN", "CIAYN_ATTACK_*"])
+    assert local.client is not None
+    environ = local.client.call(Call(tool="read_secrets")).value["environ"]
+    assert environ["GITHUB_TOKEN"] == SECRETS["GITHUB_TOKEN"]
+    assert (environ["CIAYN_ATTACK_ONE"], environ["CIAYN_ATTACK_TWO"]) == ("1", "2")
+    assert "OPENAI_API_KEY" not in environ and "AWS_SECRET_ACCESS_KEY" not in environ
+    held(local)
+
+
+def test_a_controllers_secrets_never_reach_a_tool_through_local_executor(
+    make_client: Callable[..., ExecutorClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    client = make_client(tools=[ATTACKS], timeout=TIMEOUT)
+    seen = client.call(Call(tool="read_secrets")).value
+    assert not set(SECRETS) & set(seen["environ"])
+    assert seen["proc_self"] == {} and seen["proc_parent"] == {}, "filtered before exec: not even in /proc"
+    held(client.local)  # type: ignore[attr-defined]
+
+
+# ----------------------------------------------------------------------------------- the template
+
+
+def test_killing_the_template_costs_one_call_and_the_executor_recovers(
+    executor: LocalExecutor, client: ExecutorClient, tmp_path: Path
+) -> None:
+    old = template_pid(client)
+    pid_file = tmp_path / "clone.pid"
+    r = client.call(Call(tool="kill_template", kwargs={"pid_file": str(pid_file)}))
+    assert r.ok or (r.error is not None and r.error.kind == "crashed"), r  # it races its own worker's death
+    for i in range(3):
+        after = client.call(Call(tool="echo", args=[i]))
+        assert after.ok and after.value == i, after
+    assert template_pid(client) != old and not _alive(old)
+    orphan = int(pid_file.read_text())  # the template's CLONE_PARENT child went to the supervisor
+    wait_until("the dead template's CLONE_PARENT child to be killed", lambda: not _alive(orphan), timeout=GRACE)
+    held(executor)
+
+
+def test_a_stopped_template_is_replaced_and_calls_are_answered_within_a_bound(
+    executor: LocalExecutor, client: ExecutorClient
+) -> None:
+    stopped = client.call(Call(tool="stop_template"))
+    assert stopped.ok, stopped.error
+    wire = Wire(executor.endpoint)
+    try:
+        for i in range(3):  # the first may run on a worker forked ahead; the next needs the template
+            r, took = timed(client, "echo", value=i)
+            assert r.ok and r.value == i, r
+            assert took < TEMPLATE_ANSWER_TIMEOUT + GRACE, f"call {i} took {took:.1f} s"
+            wire.ping(within=1.0)
+    finally:
+        wire.close()
+    wait_until("the stopped template to be killed", lambda: not _alive(stopped.value), timeout=GRACE)
+    held(executor)
+
+
+# --------------------------------------------------------------------------- processes that will not die
+
+
+def test_a_worker_stuck_in_uninterruptible_sleep_is_answered_on_time_and_abandoned(
+    executor: LocalExecutor, client: ExecutorClient, freezer: Path
+) -> None:
+    r, took = timed(client, "freeze_self", timeout=1.0, group=str(freezer))
+    assert r.error is not None and r.error.kind == "timeout", r
+    assert took < 1.0 + KILL_GRACE + GRACE, f"answered after {took:.1f} s"
+    assert r.worker is not None
+    stuck = r.worker.pid
+    assert psutil.Process(stuck).status() == psutil.STATUS_DISK_SLEEP, "the premise: SIGKILL cannot stop it"
+    after, took = timed(client, "echo", value="next")
+    assert after.ok and took < GRACE, (after, took)
+    assert f"pid {stuck}" in executor.log_path.read_text() and "abandoned" in executor.log_path.read_text()
+    thaw(freezer)
+    wait_until("the abandoned worker to die once thawed", lambda: not _alive(stuck), timeout=5)
+    held(executor)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE: kill_children() waits for each victim with a blocking waitpid(pid, 0). A tool that leaves a child "
+    "that SIGKILL cannot stop (frozen, or in D state) wedges its worker in that wait (its call times out), then "
+    "the template (it reaps the worker and blocks in the same wait in _Workers.sweep(), so no spawn is "
+    "answered), then the supervisor: WorkerPool._replace_template() kills the template, inherits the child as "
+    "subreaper and blocks in kill_children() forever. Pings and calls go unanswered until the child is thawed."))
+def test_a_child_left_in_uninterruptible_sleep_does_not_wedge_the_executor(
+    make_client: Callable[..., ExecutorClient], freezer: Path
+) -> None:
+    client = make_client(tools=[ATTACKS], timeout=TIMEOUT)
+    _, took = timed(client, "freeze_child", timeout=1.0, group=str(freezer))
+    assert took < 1.0 + KILL_GRACE + GRACE, f"the call that left the child was answered after {took:.1f} s"
+    for i in range(3):
+        after, took = timed(client, "echo", value=i)
+        assert after.ok and after.value == i, after
+        assert took < TEMPLATE_ANSWER_TIMEOUT + GRACE, f"call {i} took {took:.1f} s"
+    held(client.local)  # type: ignore[attr-defined]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE: a tool freezes the template (as a template in D state would be): the pool sees no spawn answer and "
+    "replaces it, but SIGKILL cannot stop it; _kill_template() gives up after KILL_GRACE and kill_children() "
+    "in the supervisor then blocks in waitpid() on it forever: no ping or call is answered until it is thawed."))
+def test_a_template_that_cannot_be_killed_is_abandoned_and_replaced(
+    make_client: Callable[..., ExecutorClient], freezer: Path
+) -> None:
+    client = make_client(tools=[ATTACKS], timeout=TIMEOUT)
+    frozen = client.call(Call(tool="freeze_template", kwargs={"group": str(freezer)}))
+    assert frozen.ok, frozen.error
+    for i in range(3):
+        after, took = timed(client, "echo", value=i)
+        assert after.ok and after.value == i, after
+        assert took < TEMPLATE_ANSWER_TIMEOUT + KILL_GRACE + GRACE, f"call {i} took {took:.1f} s"
+    wire = Wire(client.local.endpoint)  # type: ignore[attr-defined]
+    try:
+        wire.ping(within=1.0)
+    finally:
+        wire.close()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE: shutdown with a worker SIGKILL cannot stop (frozen / D state) never ends: the template blocks in "
+    "kill_children()'s waitpid(pid, 0) on it, the supervisor kills the template after 2 s and then blocks in "
+    "its own kill_children() on the worker it inherited. SIGTERM is not enough; LocalExecutor.stop() gets "
+    "there only by SIGKILLing the process group after STOP_TIMEOUT."))
+def test_shutdown_with_a_worker_that_cannot_be_killed_ends_within_a_bound(
+    make_client: Callable[..., ExecutorClient], freezer: Path
+) -> None:
+    client = make_client(tools=[ATTACKS], timeout=TIMEOUT)
+    local: LocalExecutor = client.local  # type: ignore[attr-defined]
+    r = client.call(Call(tool="freeze_self", kwargs={"group": str(freezer)}), timeout=1.0)
+    assert r.error is not None and r.error.kind == "timeout", r
+    assert local.proc is not None
+    local.proc.send_signal(signal.SIGTERM)
+    try:
+        local.proc.wait(timeout=KILL_GRACE + 2.0 + GRACE)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the executor did not exit on SIGTERM while a worker could not be killed")
+
+
+# ------------------------------------------------------------------------------------------ limits
+
+
+def test_hard_limits_cannot_be_lifted_without_cap_sys_resource(start_raw: Callable[..., LocalExecutor]) -> None:
+    """Root with CAP_SYS_RESOURCE may raise hard limits (the README sends such operators to the
+    hardened profile); without the capability, as any non-root user, the kernel refuses."""
+    local = start_raw(preexec_fn=_drop_cap_sys_resource)
+    assert local.client is not None
+    caps = local.client.call(Call(tool="capabilities")).value
+    assert not caps & (1 << CAP_SYS_RESOURCE), "the premise: the executor runs without CAP_SYS_RESOURCE"
+    tried = local.client.call(Call(tool="lift_limits"))
+    assert tried.ok, tried.error
+    for name, entry in tried.value.items():
+        assert entry["raised"] is False, f"the tool lifted its hard {name} limit: {entry}"
+        assert entry["hard"] != -1 and entry["now"][1] == entry["hard"], f"{name}: {entry}"
+        slack = 1 if name == "CPU" else 0  # SIGXCPU at the soft limit, SIGKILL a second later
+        assert entry["hard"] == entry["soft"] + slack, f"{name}: the hard limit is not the soft one: {entry}"
+    held(local)
+
+
+CLONE_PROFILES = {
+    "fresh": {},
+    "fresh-no-cgroups": {"no_cgroups": True},
+    "reuse": {"reuse_workers": True},
+    "reuse-no-cgroups": {"reuse_workers": True, "no_cgroups": True},
+}
+
+
+@pytest.mark.parametrize("options", list(CLONE_PROFILES.values()), ids=list(CLONE_PROFILES))
+def test_clone_parent_children_do_not_outlive_the_call(
+    make_client: Callable[..., ExecutorClient], options: dict[str, Any]
+) -> None:
+    client = make_client(tools=[ATTACKS], timeout=TIMEOUT, **options)
+    template = template_pid(client)
+    r = client.call(Call(tool="clone_parent_chain", kwargs={"depth": 3}))
+    assert r.ok and len(r.value) == 3, r
+    assert all(c["ppid"] == template for c in r.value), f"the premise: children of the template, {r.value}"
+    pids = [c["pid"] for c in r.value]
+    wait_until("the CLONE_PARENT children to be killed", lambda: not any(_alive(p) for p in pids), timeout=GRACE)
+    after = client.call(Call(tool="whoami"))
+    assert after.ok and after.worker is not None
+    held(client.local, after.worker.pid if options.get("reuse_workers") else None)  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------------- oversized errors, signals, floods
+
+
+def _encoded_kb(r: Result) -> float:
+    return sum(len(frame) for frame in encode(r)) / 1024
+
+
+def test_a_50_mb_exception_type_name_arrives_cut_with_a_note(executor: LocalExecutor, client: ExecutorClient) -> None:
+    r = client.call(Call(tool="huge_exception_type", kwargs={"mb": 50}))
+    assert r.error is not None and r.error.kind == "tool_error", r.error
+    assert r.error.type is not None and r.error.type.startswith("EEEE") and "cut" in r.error.type
+    assert len(r.error.type) < 1000 and r.error.message == "short message"
+    assert r.error.traceback is not None and len(r.error.traceback) < 10_000
+    assert _encoded_kb(r) < 4096
+    held(executor)
+
+
+def test_a_50_mb_exception_message_arrives_cut_with_a_note(executor: LocalExecutor, client: ExecutorClient) -> None:
+    r = client.call(Call(tool="huge_exception_message", kwargs={"mb": 50}))
+    assert r.error is not None and r.error.kind == "tool_error" and r.error.type == "Loud", r.error
+    assert r.error.message.startswith("mmmm") and "cut" in r.error.message and len(r.error.message) < 10_000
+    assert _encoded_kb(r) < 4096
+    held(executor)
+
+
+def test_40_mb_of_signals_arrive_cut_with_a_note(executor: LocalExecutor, client: ExecutorClient) -> None:
+    r = client.call(Call(tool="huge_signals", kwargs={"mb": 40, "count": 40}))
+    assert r.ok and len(r.signals) == 40, r
+    assert all("cut" in s.message and len(s.message) < 10_000 for s in r.signals)
+    assert r.completed is not None, "the completion signal (the last one) arrives"
+    assert _encoded_kb(r) < 4096
+    held(executor)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE: signals beyond the first 64 (MAX_SIGNALS in executor/worker.py run_call, and beyond 8 when "
+    "_pack_reply has to shrink a reply) are dropped without any note: 40 MB in 40,000 signals arrive as 64 "
+    "notes, and the completion signal the tool raised last is silently lost (issue 9 point 4: cut with a "
+    "note, never dropped)."))
+def test_40_mb_in_40000_signals_arrive_cut_with_a_note(executor: LocalExecutor, client: ExecutorClient) -> None:
+    r = client.call(Call(tool="huge_signals", kwargs={"mb": 40, "count": 40_000}))
+    assert r.ok and r.signals, r
+    assert _encoded_kb(r) < 4096
+    notes = [s.message for s in r.signals if "signal" in s.message.lower()
+             and any(word in s.message.lower() for word in ("cut", "dropped", "left out", "more"))]
+    assert notes, f"{len(r.signals)} of 40000 signals arrived and none says that the rest were cut"
+
+
+@pytest.mark.parametrize("announce", ["small", "huge", "raw"])
+def test_120_mb_on_the_workers_channel_costs_only_the_worker(
+    executor: LocalExecutor, client: ExecutorClient, announce: str
+) -> None:
+    """``small``: frames that each announce 1 MB (under the cap) of garbage; ``huge``: one frame that
+    announces 120 MB; ``raw``: headerless bytes (a header of 0xffffffff)."""
+    assert executor.proc is not None
+    supervisor = psutil.Process(executor.proc.pid)
+    before = supervisor.memory_info().rss
+    r = client.call(Call(tool="flood_channel", kwargs={"mb": 120, "announce": announce}))
+    assert r.error is not None, r
+    if announce == "small":  # a frame under the cap is read, then found not to be a reply
+        assert r.error.kind == "crashed" and "malformed" in r.error.message, r.error
+    else:
+        assert r.error.kind in ("output_limit", "protocol"), r.error
+    assert r.worker is not None and r.worker.restarted
+    grew = (supervisor.memory_info().rss - before) / 2**20
+    assert grew < 16, f"the supervisor grew by {grew:.0f} MB"
+    held(executor)
+
+
+# ------------------------------------------------------------------------ each defense layer on its own
+
+
+def test_tools_get_stdin_at_eof_when_the_executor_has_an_open_stdin_pipe(
+    start_raw: Callable[..., LocalExecutor],
+) -> None:
+    local = start_raw(stdin=subprocess.PIPE)  # kept open and never written: a read would wait forever
+    assert local.client is not None and local.proc is not None and local.proc.stdin is not None
+    r, took = timed(local.client, "read_stdin", timeout=3.0)
+    assert r.ok and r.value == {"data": "", "chr": True, "target": "/dev/null"}, r
+    assert took < GRACE
+    held(local)
+
+
+def test_memory_limits_hold_without_cgroups(make_client: Callable[..., ExecutorClient]) -> None:
+    client = make_client(tools=[ATTACKS], timeout=TIMEOUT, memory_mb=200, no_cgroups=True)
+    groups = client.call(Call(tool="cgroups")).value
+    assert "ciayn-" not in groups, f"the premise: no control group of ours holds the worker\n{groups}"
+    r = client.call(Call(tool="allocate", kwargs={"mb": 400}))
+    assert r.error is not None and r.error.kind == "memory", r
+    assert r.worker is not None and r.worker.restarted
+    assert client.call(Call(tool="echo", args=[1])).value == 1
+    held(client.local)  # type: ignore[attr-defined]
+
+
+def _group_names(pid: int) -> set[str]:
+    """The names of the groups (ours: ``ciayn-...``) that hold ``pid``, in every hierarchy."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return set()
+    return {line.rsplit("/", 1)[-1] for line in lines if "/ciayn-" in line}
+
+
+def test_exactly_one_group_per_live_worker_after_crashes(make_client: Callable[..., ExecutorClient]) -> None:
+    support = CgroupSupport.detect()
+    require_layer(support is not None, "needs root and mounted cgroup hierarchies (memory/pids)")
+    assert support is not None
+    client = make_client(tools=[ATTACKS], workers=2, timeout=TIMEOUT, memory_mb=200)
+    local: LocalExecutor = client.local  # type: ignore[attr-defined]
+    assert client.welcome is not None and local.proc is not None
+    prefix = f"ciayn-{client.welcome.executor}-"
+    parents = {p for p in (support.memory_parent, support.pids_parent, support.kill_parent) if p is not None}
+    crashes = [("die", {"signum": 9}, "crashed"), ("die", {"signum": 11}, "crashed"),
+               ("allocate", {"mb": 400}, "memory"), ("nap", {"seconds": 30.0}, "timeout")]
+    for tool_name, kwargs, kind in crashes * 2:
+        r = client.call(Call(tool=tool_name, kwargs=kwargs, timeout=0.5 if kind == "timeout" else None))
+        assert r.error is not None and r.error.kind == kind, r
+
+    def one_group_per_worker() -> bool:
+        workers = [p.pid for p in psutil.Process(local.proc.pid).children(recursive=True)  # type: ignore[union-attr]
+                   if p.ppid() != local.proc.pid]  # type: ignore[union-attr]
+        held_by_workers = [_group_names(pid) for pid in workers]
+        existing = {g.name for parent in parents for g in parent.glob(f"{prefix}*")}
+        return (len(workers) == 2 and all(len(names) == 1 for names in held_by_workers)
+                and existing == set().union(*held_by_workers))
+
+    wait_until("exactly one group per live worker, and no other group of this executor", one_group_per_worker,
+               timeout=5)
+    wire = Wire(local.endpoint)  # two workers: held()'s one-worker tree check does not apply
+    try:
+        wire.ping(within=1.0)
+    finally:
+        wire.close()
+    assert supervisor_peak_mb(local) < SUPERVISOR_PEAK_MB
