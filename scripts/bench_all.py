@@ -1,0 +1,124 @@
+"""Every benchmark of issue 14 in one run: ours against what users would pick instead, side by side.
+
+Usage: .venv/bin/python scripts/bench_all.py [--tiny] [--out DIR] [--only FIGURE ...] [--no-readme]
+(``scripts/bench`` sets up the venv and runs this.)
+
+Writes DIR/results.json (every figure, with the machine it ran on), DIR/*.png (charts) and
+DIR/results.md (tables and what each figure means); with the default DIR it also refreshes the
+README's "Measured" section between its bench markers. ``--tiny`` runs every code path at a size
+that takes seconds (the test suite does this); its numbers mean nothing. Exits 1 if a benchmark
+broke (its figure then says ``failed`` and why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+SCRIPTS = Path(__file__).resolve().parent
+ROOT = SCRIPTS.parent
+for path in (str(ROOT), str(SCRIPTS)):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # controller imports litellm: stay offline
+
+import bench_callpath  # noqa: E402
+import bench_ciayn  # noqa: E402
+import bench_faults  # noqa: E402
+import bench_memory  # noqa: E402
+import bench_pool  # noqa: E402
+import bench_report  # noqa: E402
+import bench_roundtrip  # noqa: E402
+from bench_features import Features  # noqa: E402
+from bench_record import FAILED, failed, log, machine, not_built  # noqa: E402
+from bench_sizes import FULL, TINY, Sizes  # noqa: E402
+
+FIGURES = ("ciayn_overhead", "round_trip", "call_path", "recovery", "timeout_precision", "pool_scaling", "memory",
+           "hardened_layers")
+
+
+def hardened_layers(features: Features) -> dict[str, Any]:
+    """The cost of each hardened layer needs a way to turn single layers on from outside; none exists."""
+    if not features.hardened:
+        return not_built(features.missing("hardened"), title="Cost of each hardened layer")
+    return not_built("`--profile hardened` exists, but nothing switches its layers one by one from outside (a "
+                     "per-layer flag or selfcheck timings would do); its total cost is in round_trip and recovery",
+                     title="Cost of each hardened layer")
+
+
+def figure_makers(features: Features, sizes: Sizes, tmp: str, out: Path) -> dict[str, Callable[[], dict[str, Any]]]:
+    return {
+        "ciayn_overhead": lambda: bench_ciayn.run(sizes.microbench_repeat, out),
+        "round_trip": lambda: bench_roundtrip.run(features, sizes, tmp),
+        "call_path": lambda: bench_callpath.run(features, sizes, tmp),
+        "recovery": lambda: bench_faults.run_recovery(features, sizes),
+        "timeout_precision": lambda: bench_faults.run_timeouts(sizes),
+        "pool_scaling": lambda: bench_pool.run(features, sizes),
+        "memory": lambda: bench_memory.run(sizes.memory_calls),
+        "hardened_layers": lambda: hardened_layers(features),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tiny", action="store_true", help="every code path at a tiny size (for tests)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench-results", help="directory for the results")
+    parser.add_argument("--only", action="append", choices=FIGURES, metavar="FIGURE",
+                        help=f"run only this figure (repeatable): {', '.join(FIGURES)}")
+    parser.add_argument("--no-readme", action="store_true", help="do not refresh the README's Measured section")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    out: Path = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    sizes = TINY if args.tiny else FULL
+    features = Features.detect()
+    log(f"features: {asdict(features)}")
+    results: dict[str, Any] = {
+        "generated": datetime.now(UTC).isoformat(timespec="seconds"),
+        "size": "tiny" if args.tiny else "full",
+        "sizes": asdict(sizes),
+        "machine": machine(),
+        "features": asdict(features),
+        "out": str(out),
+        "figures": {},
+    }
+    tmp = tempfile.mkdtemp(prefix="ciayn-bench-")
+    try:
+        makers = figure_makers(features, sizes, tmp, out)
+        for key in args.only or FIGURES:
+            t0 = time.perf_counter()
+            try:
+                results["figures"][key] = makers[key]()
+            except Exception as e:
+                traceback.print_exc()
+                results["figures"][key] = failed(e, title=key)
+            results["figures"][key]["seconds"] = round(time.perf_counter() - t0, 1)
+            log(f"{key}: {results['figures'][key]['status']} in {results['figures'][key]['seconds']} s")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    results["elapsed_s"] = round(time.perf_counter() - started, 1)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    bench_report.charts(results, out)
+    (out / "results.md").write_text(bench_report.markdown(results) + "\n")
+    if not args.no_readme and out == (ROOT / "bench-results").resolve() and not args.only and not args.tiny:
+        readme = bench_report.markdown(results, images="bench-results/")
+        if bench_report.update_readme(ROOT / "README.md", readme):
+            log("README.md: Measured section refreshed")
+    broken = [k for k, f in results["figures"].items() if f["status"] == FAILED or bench_roundtrip.has_failures(f)]
+    log(f"done in {results['elapsed_s']} s; results in {out}" + (f"; FAILED: {', '.join(broken)}" if broken else ""))
+    return 1 if broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""Where a no-op call's time goes, instrumented from outside the executor (nothing in executor/ or
+controller/ is patched):
+
+- **timestamps**: the ``stamp`` tool returns CLOCK_MONOTONIC as the tool runs; a plain DEALER
+  client takes its own before encoding, after sending, on receipt and after decoding; so each round
+  trip splits into client encode+send / request path (client -> tool) / reply path (tool -> client)
+  / client decode, and ``ExecutorClient``'s extra cost (its I/O thread hand-off and future) shows as
+  the difference to the plain DEALER on each path;
+- **CPU per call** of every process and thread on the path (client, supervisor, its ZeroMQ I/O
+  thread, the worker), from ``/proc/PID/task/TID/schedstat`` (nanoseconds run, times scheduled)
+  around blocks of calls;
+- **the floors of both hops**: a bare ZeroMQ ipc echo (client <-> supervisor) and a bare
+  socketpair echo with the worker channel's framing (supervisor <-> worker), between two processes;
+- **the codec on each hop**, timed in-process on the real frames of a real call;
+- **an A/B of the per-call log line**: the same executor started with ``--log-level warning``.
+
+All of it runs in interleaved rounds in one run."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import bench_tools
+import msgpack
+import psutil
+from bench_contestants import CHANNEL_REQUEST, ChannelEcho, ClientCalls, Dealer, ZmqEcho
+from bench_executors import Running, direct
+from bench_features import Features
+from bench_parse import measure
+from bench_peers import HEADER
+from bench_record import log, measured, summarize
+from bench_sizes import Sizes
+
+from protocol import Call, ToolSpec, decode, encode
+
+WORKER_REPLY: dict[str, Any] = {"ok": True, "value": None, "wall_s": 1.2e-6, "cpu_s": 0.0, "peak_rss_kb": 31337,
+                                "signals": [], "seq": 1}
+LOG_FORMAT = "ciayn-executor[%(process)d] %(levelname)s %(message)s"
+
+
+def _schedstat(pid: int) -> dict[str, list[int]]:
+    """{thread name: [ns on CPU, times scheduled]} summed over the threads of ``pid``."""
+    out: dict[str, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    run_ns, _wait, slices = (int(x) for x in f.read().split()[:3])
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    name = f.read().strip()
+            except (OSError, ValueError):
+                continue
+            name = "main" if tid == str(pid) else name
+            acc = out.setdefault(name, [0, 0])
+            acc[0] += run_ns
+            acc[1] += slices
+    return out
+
+
+_TICK_NS = 1e9 / os.sysconf("SC_CLK_TCK")
+
+
+def _reaped_children_ns(pid: int) -> int:
+    """CPU of the children ``pid`` has reaped (cutime + cstime): the workers of a template that
+    forks one per call, whose own counters vanish with them. Clock-tick resolution."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int((int(fields[13]) + int(fields[14])) * _TICK_NS)
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class CpuMeter:
+    """CPU time and scheduling count per call of the processes on a call's path: this client, the
+    supervisor (each thread), the template and its workers (live ones by thread; dead ones through
+    the template's reaped-children counters)."""
+
+    def __init__(self, running: Running) -> None:
+        supervisor = running.supervisor()
+        self.roles: dict[str, int] = {"client (this process)": os.getpid(), "supervisor": supervisor.pid}
+        self.template = 0
+        for child in supervisor.children():
+            grandchildren = child.children()
+            if grandchildren:  # the template: it forks the workers
+                self.template = self.roles["template"] = child.pid
+        self.total: dict[str, list[int]] = {}
+        self.calls = 0
+
+    def snapshot(self) -> dict[str, dict[str, list[int]]]:
+        snap = {role: _schedstat(pid) for role, pid in self.roles.items()}
+        if self.template:
+            for worker in psutil.Process(self.template).children():
+                with contextlib.suppress(psutil.Error):
+                    snap[f"worker pid {worker.pid}"] = _schedstat(worker.pid)
+            snap["workers, exited (template's reaped children)"] = {"all": [_reaped_children_ns(self.template), 0]}
+        return snap
+
+    def add(self, before: dict[str, dict[str, list[int]]], after: dict[str, dict[str, list[int]]], calls: int) -> None:
+        self.calls += calls
+        for role, threads in after.items():
+            was_role = before.get(role, {})
+            label = "worker (live)" if role.startswith("worker pid") else role
+            for thread, (ns, slices) in threads.items():
+                was = was_role.get(thread, [0, 0])
+                acc = self.total.setdefault(f"{label}: {thread}", [0, 0])
+                acc[0] += ns - was[0]
+                acc[1] += slices - was[1]
+
+    def per_call(self) -> dict[str, dict[str, float]]:
+        n = max(1, self.calls)
+        return {name: {"cpu_us": round(ns / n / 1000, 2), "scheduled": round(slices / n, 2)}
+                for name, (ns, slices) in sorted(self.total.items()) if ns > 0}
+
+
+def codec_steps(dealer: Dealer, repeat: int) -> dict[str, dict[str, Any]]:
+    """The codec and bookkeeping steps of each hop, timed in this process on a real call's frames."""
+    request, reply = dealer.last_frames()
+    result = decode(reply)
+    call = decode(request)
+    assert isinstance(call, Call)
+    spec = ToolSpec.from_function(bench_tools.noop)
+    channel_request = HEADER.pack(0) + msgpack.packb(CHANNEL_REQUEST, use_bin_type=True)
+    channel_reply = msgpack.packb(WORKER_REPLY, use_bin_type=True)
+    logger = logging.getLogger("ciayn-bench-logline")
+    logger.propagate = False
+    sink = io.StringIO()
+    handler = logging.StreamHandler(sink)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+
+    def log_line() -> None:
+        logger.info("call %s %s: %s%s", call.id, call.tool, "ok", " 0.1ms")
+        if sink.tell() > 1 << 20:
+            sink.seek(0)
+            sink.truncate()
+
+    steps: dict[str, tuple[str, Callable[[], Any]]] = {
+        "client: encode the call": ("client", lambda: encode(Call(id=call.id, tool="noop"))),
+        "supervisor: decode the call": ("supervisor", lambda: decode(request)),
+        "supervisor: bind the arguments to the spec": ("supervisor", lambda: spec.bind([], {})),
+        "supervisor: pack the request for the worker": ("supervisor", lambda: HEADER.pack(40) + msgpack.packb(
+            CHANNEL_REQUEST, use_bin_type=True)),
+        "worker: unpack the request": ("worker", lambda: msgpack.unpackb(channel_request[HEADER.size:], raw=False)),
+        "worker: pack the reply": ("worker", lambda: HEADER.pack(60) + msgpack.packb(WORKER_REPLY, use_bin_type=True)),
+        "supervisor: unpack the reply": ("supervisor", lambda: msgpack.unpackb(channel_reply, raw=False)),
+        "supervisor: encode the result": ("supervisor", lambda: encode(result)),
+        "supervisor: the per-call log line (info)": ("supervisor", log_line),
+        "client: decode the result": ("client", lambda: decode(reply)),
+    }
+    out = {}
+    for name, (where, fn) in steps.items():
+        timing = measure(fn, repeat)
+        out[name] = {"where": where, "us": timing["median_us"]}
+    logger.handlers.clear()
+    return out
+
+
+def run(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
+    """The breakdown is taken on the leanest path that exists (``--reuse-workers`` once built: the
+    call path without a fork per call); where the default forks a fresh worker per call, that
+    default is stamped alongside and the difference is the cost of a fresh worker."""
+    lean = ["--reuse-workers"] if features.reuse_workers else []
+    with contextlib.ExitStack() as stack:
+        echo = ZmqEcho(tmp)
+        stack.callback(echo.close)
+        chan = ChannelEcho()
+        stack.callback(chan.close)
+        running = stack.enter_context(direct(workers=1, extra=lean))
+        quiet = stack.enter_context(direct(workers=1, extra=lean, log_level="warning"))
+        dealer = Dealer(running.endpoint, "plain DEALER")
+        stack.callback(dealer.close)
+        quiet_dealer = Dealer(quiet.endpoint, "plain DEALER, executor at --log-level warning")
+        stack.callback(quiet_dealer.close)
+        client = ClientCalls(running.client, "ExecutorClient")
+        fresh_dealer: Dealer | None = None
+        if lean:
+            fresh = stack.enter_context(direct(workers=1))
+            fresh_dealer = Dealer(fresh.endpoint, "plain DEALER, default flags")
+            stack.callback(fresh_dealer.close)
+            fresh_meter = CpuMeter(fresh)
+        meter = CpuMeter(running)
+        floor: list[float] = []
+        channel: list[float] = []
+        quiet_times: list[float] = []
+        stamped: list[tuple[int, int, int, int, int]] = []
+        fresh_stamped: list[tuple[int, int, int, int, int]] = []
+        client_stamped: list[tuple[int, int, int]] = []
+
+        def n_for(block: Any) -> int:
+            return max(2, int(sizes.path_block_s / max(1e-6, statistics.median(block(3)))))
+
+        n = n_for(dealer.block)
+        n_echo = min(n * 4, 2000)
+        n_fresh = n_for(fresh_dealer.block) if fresh_dealer else 0
+        log(f"call path ({'--reuse-workers' if lean else 'default flags'}): {sizes.path_rounds} interleaved rounds "
+            f"of {n} calls per contestant")
+        for _ in range(sizes.path_rounds):
+            floor += echo.block(n_echo)
+            channel += chan.block(n_echo)
+            before = meter.snapshot()
+            stamped += dealer.stamped(n)
+            meter.add(before, meter.snapshot(), n)
+            quiet_times += quiet_dealer.block(n)
+            client_stamped += client.stamped(n)
+            if fresh_dealer is not None:
+                before = fresh_meter.snapshot()
+                fresh_stamped += fresh_dealer.stamped(n_fresh)
+                fresh_meter.add(before, fresh_meter.snapshot(), n_fresh)
+        steps = codec_steps(dealer, sizes.microbench_repeat)
+        fresh_cpu = fresh_meter.per_call() if fresh_dealer is not None else None
+
+    def p50_us(values: list[int]) -> float:
+        return round(statistics.median(values) / 1000, 2)
+
+    dealer_total = p50_us([t3 - t0 for t0, _t1, _tt, _t2, t3 in stamped])
+    split = {
+        "client: encode + send": p50_us([t1 - t0 for t0, t1, _tt, _t2, _t3 in stamped]),
+        "request path: sent -> tool runs": p50_us([tt - t1 for _t0, t1, tt, _t2, _t3 in stamped]),
+        "reply path: tool ran -> client has the frames": p50_us([t2 - tt for _t0, _t1, tt, t2, _t3 in stamped]),
+        "client: decode": p50_us([t3 - t2 for _t0, _t1, _tt, t2, t3 in stamped]),
+    }
+    client_request = p50_us([tt - t0 for t0, tt, _t2 in client_stamped])
+    client_reply = p50_us([t2 - tt for _t0, tt, t2 in client_stamped])
+    dealer_request = p50_us([tt - t0 for t0, _t1, tt, _t2, _t3 in stamped])
+    dealer_reply = p50_us([t3 - tt for _t0, _t1, tt, _t2, t3 in stamped])
+    floor_us = summarize(floor)["p50"]
+    channel_us = summarize(channel)["p50"]
+    quiet_us = summarize(quiet_times)["p50"]
+    cpu = meter.per_call()
+
+    def step(name: str) -> float:
+        return float(steps[name]["us"])
+
+    sup_codec = sum(float(s["us"]) for s in steps.values() if s["where"] == "supervisor")
+    sup_main = cpu.get("supervisor: main", {}).get("cpu_us", 0.0)
+    cpu_sum = round(sum(c["cpu_us"] for c in cpu.values()), 2)
+    fresh_worker: dict[str, Any] | None = None
+    if fresh_stamped:
+        fresh_request = p50_us([tt - t0 for t0, _t1, tt, _t2, _t3 in fresh_stamped])
+        fresh_reply = p50_us([t3 - tt for _t0, _t1, tt, _t2, t3 in fresh_stamped])
+        fresh_worker = {
+            "round_trip_us": p50_us([t3 - t0 for t0, _t1, _tt, _t2, t3 in fresh_stamped]),
+            "request_path_us": fresh_request,
+            "reply_path_us": fresh_reply,
+            "extra_over_reuse_workers_us": round(fresh_request + fresh_reply - dealer_request - dealer_reply, 2),
+            "cpu_per_call": fresh_cpu,
+            "cpu_per_call_total_us": round(sum(c["cpu_us"] for c in (fresh_cpu or {}).values()), 2),
+        }
+    # A one-way hop is taken as half its floor's round trip.
+    request_known = {
+        "ZeroMQ hop client -> supervisor (half the echo floor)": floor_us / 2,
+        "supervisor: decode + bind + pack (codec)": step("supervisor: decode the call")
+        + step("supervisor: bind the arguments to the spec") + step("supervisor: pack the request for the worker"),
+        "channel hop supervisor -> worker (half the socketpair floor)": channel_us / 2,
+        "worker: unpack the request (codec)": step("worker: unpack the request"),
+    }
+    reply_known = {
+        "worker: pack the reply (codec)": step("worker: pack the reply"),
+        "channel hop worker -> supervisor (half the socketpair floor)": channel_us / 2,
+        "supervisor: unpack + encode result + log line (codec)": step("supervisor: unpack the reply")
+        + step("supervisor: encode the result") + step("supervisor: the per-call log line (info)"),
+        "ZeroMQ hop supervisor -> client (half the echo floor)": floor_us / 2,
+    }
+    request_path = split["request path: sent -> tool runs"]
+    reply_path = split["reply path: tool ran -> client has the frames"]
+    hops = {
+        "client: encode + send": split["client: encode + send"],
+        **{k: round(v, 2) for k, v in request_known.items()},
+        "request path: everything else (wake-ups, supervisor loop, worker's per-call set-up)":
+            round(request_path - sum(request_known.values()), 2),
+        **{k: round(v, 2) for k, v in reply_known.items()},
+        "reply path: everything else (worker's per-call accounting, supervisor loop, wake-ups)":
+            round(reply_path - sum(reply_known.values()), 2),
+        "client: decode": split["client: decode"],
+    }
+    return measured(
+        title="Where a no-op call's time goes (per-hop breakdown)",
+        method=("plain DEALER calls of the `stamp` tool (returns CLOCK_MONOTONIC in the worker) interleaved with both "
+                "floors, an executor at --log-level warning and ExecutorClient calls; CPU from "
+                "/proc/PID/task/TID/schedstat around the DEALER blocks; codec steps timed in-process on a real "
+                "call's frames; one-way hops taken as half their floor's round trip"),
+        calls=len(stamped),
+        round_trip_us={
+            "plain DEALER (p50)": dealer_total,
+            "ExecutorClient (p50)": round(client_request + client_reply, 2),
+            "plain DEALER, executor at --log-level warning (p50)": quiet_us,
+            "floor: bare ZeroMQ echo (p50)": floor_us,
+            "floor: bare socketpair echo, worker channel framing (p50)": channel_us,
+        },
+        ratio_dealer_to_floor=round(dealer_total / floor_us, 2) if floor_us else None,
+        split_us=split,
+        executor_client_us={
+            "request: call() -> tool runs": client_request,
+            "reply: tool ran -> call() returns": client_reply,
+            "extra over plain DEALER, request side (thread hand-off, future)":
+                round(client_request - dealer_request, 2),
+            "extra over plain DEALER, reply side (thread hand-off, future)": round(client_reply - dealer_reply, 2),
+        },
+        log_line_ab_us=round(dealer_total - quiet_us, 2),
+        hops_us=hops,
+        codec_us=steps,
+        cpu_per_call=cpu,
+        cpu_per_call_total_us=cpu_sum,
+        supervisor_main_thread_beyond_codec_us=round(sup_main - sup_codec, 2),
+        fresh_worker_per_call=fresh_worker,
+        path_flags=" ".join(lean) or "default flags",
+    )

@@ -1,0 +1,44 @@
+"""Executor memory: the supervisor's RSS and USS and each worker's USS (memory only that process
+holds; forked workers share the template's pages until they write them), after a run of calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psutil
+from bench_executors import direct
+from bench_record import log, measured
+
+from protocol import Call
+
+WORKERS = 4
+MB = 2**20
+
+
+def _uss(proc: psutil.Process) -> float:
+    return round(float(proc.memory_full_info().uss) / MB, 2)
+
+
+def run(calls: int) -> dict[str, Any]:
+    log(f"memory: executor with {WORKERS} workers after {calls} calls")
+    with direct(workers=WORKERS) as running:
+        futures = [running.client.submit(Call(tool="noop")) for _ in range(calls)]
+        for future in futures:
+            result = future.result()
+            if not result.ok:
+                raise RuntimeError(f"a call failed: {result}")
+        supervisor = running.supervisor()
+        template = next((c for c in supervisor.children() if c.children()), None)
+        workers = template.children() if template is not None else []
+        info = supervisor.memory_full_info()
+        return measured(
+            title="Executor memory",
+            workers=WORKERS,
+            after_calls=calls,
+            supervisor_rss_mb=round(info.rss / MB, 2),
+            supervisor_uss_mb=round(info.uss / MB, 2),
+            template_uss_mb=_uss(template) if template is not None else None,
+            template_rss_mb=round(template.memory_info().rss / MB, 2) if template is not None else None,
+            worker_uss_mb=[_uss(w) for w in workers],
+            worker_rss_mb=[round(w.memory_info().rss / MB, 2) for w in workers],
+        )

@@ -1,0 +1,96 @@
+"""Figure 4: pool scaling. Calls per second against the total number of workers, for a no-op tool and
+for a tool that sleeps 10 ms, with 1, 4 and 8 controller processes (each an ``ExecutorClient``)
+sharing the load. Closed loop: the controllers keep twice as many calls in flight as there are
+workers, split between them, and count the calls completed inside a common window.
+
+Today the workers are those of one executor (``serve --workers N``); once ``ciayn-executor
+broker`` exists, the same figure is taken through a broker over tcp with two executors sharing the
+N workers (``serve --connect``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+from typing import Any
+
+from bench_contestants import read_line, start_peer, stop_peer
+from bench_executors import brokered, direct
+from bench_features import Features
+from bench_record import log, measured
+from bench_sizes import Sizes
+
+TOOLS: dict[str, dict[str, Any]] = {"noop": {}, "nap": {"ms": 10.0}}
+SLEEP_S = 0.010
+WINDOW_TIMEOUT = 60.0
+
+
+class Controllers:
+    """Controller processes kept for the whole figure; ``rate`` runs a window on the first ``n``."""
+
+    def __init__(self, count: int) -> None:
+        self.procs: list[subprocess.Popen[str]] = []
+        try:
+            for _ in range(count):
+                self.procs.append(start_peer("controller"))
+        except BaseException:
+            self.close()
+            raise
+
+    def window(self, n: int, endpoint: str, tool: str, inflight_total: int, warmup: float, duration: float) -> list[
+            dict[str, Any]]:
+        inflight = max(1, math.ceil(inflight_total / n))
+        command = {"endpoint": endpoint, "tool": tool, "kwargs": TOOLS[tool], "inflight": inflight,
+                   "start_at": time.monotonic() + warmup, "duration": duration}
+        for proc in self.procs[:n]:
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(command) + "\n")
+            proc.stdin.flush()
+        answers = [json.loads(read_line(proc, WINDOW_TIMEOUT + warmup + duration)) for proc in self.procs[:n]]
+        errors = [a["first_error"] for a in answers if a["errors"] or a["first_error"]]
+        if errors:
+            raise RuntimeError(f"calls failed during the pool benchmark: {errors[0]}")
+        return answers
+
+    def close(self) -> None:
+        for proc in self.procs:
+            stop_peer(proc)
+
+
+def run(features: Features, sizes: Sizes) -> dict[str, Any]:
+    via = "broker over tcp, 2 executors" if features.broker else "one executor over ipc (no broker yet)"
+    log(f"pool scaling ({via}): workers {list(sizes.pool_workers)} x controllers {list(sizes.pool_controllers)}")
+    series: dict[str, dict[str, list[float]]] = {tool: {str(c): [] for c in sizes.pool_controllers} for tool in TOOLS}
+    controllers = Controllers(max(sizes.pool_controllers))
+    try:
+        for workers in sizes.pool_workers:
+            pool = brokered(features, workers=workers) if features.broker else direct(workers=workers)
+            with pool as running:
+                controllers.window(max(sizes.pool_controllers), running.endpoint, "noop", 2 * workers,
+                                   sizes.pool_warmup_s, sizes.pool_window_s / 4)  # connect every controller
+                for tool in TOOLS:
+                    for c in sizes.pool_controllers:
+                        answers = controllers.window(c, running.endpoint, tool, 2 * workers, sizes.pool_warmup_s,
+                                                     sizes.pool_window_s)
+                        series[tool][str(c)].append(round(sum(a["rate"] for a in answers), 1))
+    finally:
+        controllers.close()
+
+    sleep = series["nap"]
+    efficiency = {c: [round(rate / (w * sleep[c][0]), 3) if sleep[c][0] else None
+                      for w, rate in zip(sizes.pool_workers, rates, strict=True)] for c, rates in sleep.items()}
+    ideal = [round(w / SLEEP_S, 1) for w in sizes.pool_workers]
+    worst = min((e for effs in efficiency.values() for e in effs if e is not None), default=None)
+    return measured(
+        title="Pool scaling: calls/s against total workers",
+        via=via,
+        method=("closed loop: the controllers (ExecutorClient each, separate processes) keep 2 x workers calls in "
+                f"flight between them; calls completed in a common {sizes.pool_window_s:g} s window"),
+        workers=list(sizes.pool_workers),
+        calls_per_s={"noop": series["noop"], "sleep_10ms": sleep},
+        sleep_10ms_ideal_calls_per_s=ideal,
+        sleep_10ms_efficiency_vs_1_worker=efficiency,
+        targets={"sleep_10ms_worst_efficiency (issues 12, 14)": {"value": worst, "at_least": 0.85,
+                                                                 "met": None if worst is None else worst >= 0.85}},
+    )

@@ -1,0 +1,327 @@
+"""Turn ``results.json`` into PNG charts (matplotlib: titles, units, labelled axes, the machine in a
+caption) and one markdown text (tables plus a sentence per figure on what it means), written to
+``bench-results/results.md`` and, between the README's ``<!-- bench:begin -->`` and
+``<!-- bench:end -->`` markers, into its "Measured" section."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench_record import MEASURED
+
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def _machine_caption(fig: dict[str, Any]) -> str:
+    m = fig.get("machine") or {}
+    return (f"{m.get('cores')} cores, {m.get('cpu_model')}; Python {m.get('python')}, pyzmq {m.get('pyzmq')}, "
+            f"libzmq {m.get('libzmq')}; load {m.get('load_avg_1m')}")
+
+
+def _fmt_us(us: float | None) -> str:
+    if us is None:
+        return "-"
+    if us >= 10_000:
+        return f"{us / 1000:.0f} ms"
+    if us >= 1000:
+        return f"{us / 1000:.1f} ms"
+    if us >= 10:
+        return f"{us:.0f} us"
+    return f"{us:.2f} us"
+
+
+# ------------------------------------------------------------------------------------------- charts
+
+
+def charts(results: dict[str, Any], out: Path) -> list[str]:
+    """Draw every chart whose figure was measured; return the file names written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    drawers: dict[str, Callable[[Any, dict[str, Any]], None]] = {
+        "round_trip": _chart_round_trip,
+        "call_path": _chart_call_path,
+        "recovery": _chart_recovery,
+        "timeout_precision": _chart_timeouts,
+        "pool_scaling": _chart_pool,
+        "ciayn_overhead": _chart_ciayn,
+        "memory": _chart_memory,
+    }
+    written = []
+    for key, draw in drawers.items():
+        fig_data = results["figures"].get(key, {})
+        if fig_data.get("status") != MEASURED:
+            continue
+        fig = plt.figure(figsize=(10, 5.6))
+        draw(fig, fig_data)
+        fig.text(0.01, 0.005, _machine_caption(fig_data), fontsize=7, color="0.4")
+        fig.tight_layout(rect=(0, 0.03, 1, 1))
+        fig.savefig(out / f"{key}.png", dpi=90)
+        plt.close(fig)
+        written.append(f"{key}.png")
+    return written
+
+
+def _chart_round_trip(fig: Any, data: dict[str, Any]) -> None:
+    ax = fig.add_subplot(1, 1, 1)
+    rows = [(e["name"], e) for e in data["entries"].values()]
+    rows.sort(key=lambda r: r[1]["latency"]["p50"] if r[1].get("status") == MEASURED else float("inf"))
+    names = [name for name, _ in rows]
+    for i, (_name, e) in enumerate(rows):
+        if e.get("status") != MEASURED:
+            ax.text(0.12, i, f"{e['status']}: {e.get('reason', '')[:90]}", va="center", fontsize=7, color="0.35")
+            continue
+        lat = e["latency"]
+        ax.barh(i, lat["p50"], color="tab:orange" if "ours" in e["name"] else "tab:blue")
+        ax.plot([lat["p99"]], [i], marker="|", markersize=14, color="black")
+        ax.text(lat["p50"] * 1.15, i, f"{_fmt_us(lat['p50'])}  ({e['ratio_to_floor']:g}x floor)", va="center",
+                fontsize=8)
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlim(0.1, None)
+    ax.set_xlabel("round trip, microseconds (log scale); bar = p50, | = p99")
+    ax.set_title("No-op tool call round trip, interleaved in one run (orange: ours)")
+
+
+def _chart_call_path(fig: Any, data: dict[str, Any]) -> None:
+    ax = fig.add_subplot(1, 1, 1)
+    hops = list(data["hops_us"].items())
+    names = [k for k, _ in hops][::-1]
+    values = [v for _, v in hops][::-1]
+    colors = ["tab:red" if "everything else" in n else "tab:green" if "hop" in n else "tab:purple" for n in names]
+    ax.barh(range(len(values)), values, color=colors)
+    for i, v in enumerate(values):
+        ax.text(max(v, 0) + 1, i, f"{v:.1f}", va="center", fontsize=8)
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    total = data["round_trip_us"]["plain DEALER (p50)"]
+    floor = data["round_trip_us"]["floor: bare ZeroMQ echo (p50)"]
+    ax.set_xlabel("microseconds per no-op call (p50); green: wire hops at their floor, purple: codec, red: the rest")
+    ax.set_title(f"Where a no-op call's {total:.0f} us go (plain DEALER, {total / floor:.1f}x the {floor:.0f} us echo)")
+
+
+def _chart_recovery(fig: Any, data: dict[str, Any]) -> None:
+    ax = fig.add_subplot(1, 1, 1)
+    entries = list(data["entries"].values())
+    for i, e in enumerate(entries):
+        if e.get("status") != MEASURED:
+            ax.text(1, i, f"{e['status']}: {e.get('reason', '')[:80]}", va="center", fontsize=7, color="0.35")
+            continue
+        rec = e["recovery"]
+        ax.barh(i, rec["p50"], color="tab:orange" if e["name"].startswith("ours") else "tab:blue")
+        ax.plot([rec["p90"]], [i], marker="|", markersize=14, color="black")
+        ax.text(rec["p50"] * 1.15, i, f"{rec['p50']:.1f} ms", va="center", fontsize=8)
+    ax.set_yticks(range(len(entries)), [e["name"] for e in entries], fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlim(0.5, None)
+    ax.set_xlabel("milliseconds (log scale); bar = p50, | = p90")
+    ax.set_title("Recovery: from a crash to the next successful call")
+
+
+def _chart_timeouts(fig: Any, data: dict[str, Any]) -> None:
+    ax = fig.add_subplot(1, 1, 1)
+    ax.hist(data["overshoot_ms"], bins=30, color="tab:orange")
+    ax.axvline(data["overshoot"]["p99"], color="black", linestyle="--", label=f"p99 {data['overshoot']['p99']:.1f} ms")
+    ax.legend()
+    ax.set_xlabel(f"answer time minus the {data['timeout_s']:g} s timeout, milliseconds")
+    ax.set_ylabel("hung calls")
+    ax.set_title("Timeout precision: how late a hung call's `timeout` answer arrives")
+
+
+def _chart_pool(fig: Any, data: dict[str, Any]) -> None:
+    workers = data["workers"]
+    for i, (tool, title) in enumerate((("noop", "no-op tool"), ("sleep_10ms", "tool sleeping 10 ms"))):
+        ax = fig.add_subplot(1, 2, i + 1)
+        for controllers, rates in data["calls_per_s"][tool].items():
+            ax.plot(workers, rates, marker="o", label=f"{controllers} controller(s)")
+        if tool == "sleep_10ms":
+            ax.plot(workers, data["sleep_10ms_ideal_calls_per_s"], linestyle=":", color="0.4",
+                    label="ideal (workers / 10 ms)")
+        ax.set_xlabel("total workers")
+        ax.set_ylabel("calls per second")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(workers, [str(w) for w in workers])
+        ax.set_title(f"Pool scaling, {title}")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"Calls/s against total workers ({data['via']})", fontsize=10)
+
+
+def _chart_ciayn(fig: Any, data: dict[str, Any]) -> None:
+    ax = fig.add_subplot(1, 1, 1)
+    stages = list(data["stages_us"].items())
+    ax.barh(range(len(stages)), [v["p50"] for _, v in stages], color="tab:purple")
+    for i, (_, v) in enumerate(stages):
+        ax.text(v["p50"] * 1.02, i, f"{v['p50']:.1f} us", va="center", fontsize=8)
+    ax.set_yticks(range(len(stages)), [k for k, _ in stages], fontsize=8)
+    ax.set_xlabel("microseconds per step (p50)")
+    ax.set_title(f"CIAYN overhead per step: {data['text']}")
+
+
+def _chart_memory(fig: Any, data: dict[str, Any]) -> None:
+    ax = fig.add_subplot(1, 1, 1)
+    bars = [("supervisor RSS", data["supervisor_rss_mb"]), ("supervisor USS", data["supervisor_uss_mb"]),
+            ("template USS", data["template_uss_mb"] or 0)]
+    bars += [(f"worker {i} USS", v) for i, v in enumerate(data["worker_uss_mb"])]
+    ax.bar(range(len(bars)), [v for _, v in bars], color=["tab:orange"] * 2 + ["tab:blue"] + ["tab:green"] * (
+        len(bars) - 3))
+    for i, (_, v) in enumerate(bars):
+        ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(bars)), [k for k, _ in bars], fontsize=8)
+    ax.set_ylabel("megabytes")
+    ax.set_title(f"Executor memory with {data['workers']} workers after {data['after_calls']} calls")
+
+
+# ----------------------------------------------------------------------------------------- markdown
+
+
+def markdown(results: dict[str, Any], images: str = "") -> str:
+    """The tables and sentences; ``images`` is the path prefix of the PNGs as seen from the file."""
+    figs = results["figures"]
+    m = results["machine"]
+    lines = [
+        f"Measured by `scripts/bench` ({results['size']} size, {results['elapsed_s']:.0f} s) on {m['cores']} cores "
+        f"({m['cpu_model']}), kernel {m['kernel']}, Python {m['python']}, pyzmq {m['pyzmq']}, libzmq {m['libzmq']}; "
+        f"every figure in `bench-results/results.json` records the machine and its load when it ran. "
+        "Figures for parts not built yet are recorded as such and fill in on the next run after they land.",
+        "",
+    ]
+    for key, render in (("round_trip", _md_round_trip), ("call_path", _md_call_path), ("recovery", _md_recovery),
+                        ("timeout_precision", _md_timeouts), ("pool_scaling", _md_pool),
+                        ("ciayn_overhead", _md_ciayn), ("memory", _md_memory), ("hardened_layers", _md_layers)):
+        fig = figs.get(key, {})
+        if fig.get("status") != MEASURED:
+            lines += [f"**{fig.get('title', key)}**: {fig.get('status', 'missing')}: {fig.get('reason', '')}", ""]
+            continue
+        lines += render(fig)
+        if Path(results["out"], f"{key}.png").exists():
+            lines += [f"![{fig['title']}]({images}{key}.png)", ""]
+    return "\n".join(lines)
+
+
+def _md_round_trip(f: dict[str, Any]) -> list[str]:
+    rows = ["| no-op call round trip | p50 | p99 | x floor (same rounds) |", "|---|---|---|---|"]
+    entries = f["entries"]
+    measured_entries = sorted((e for e in entries.values() if e.get("status") == MEASURED),
+                              key=lambda e: e["latency"]["p50"])
+    for e in measured_entries:
+        lat = e["latency"]
+        rows.append(f"| {e['name']} | {_fmt_us(lat['p50'])} | {_fmt_us(lat['p99'])} | {e['ratio_to_floor']:g}x |")
+    for e in entries.values():
+        if e.get("status") != MEASURED:
+            rows.append(f"| {e['name']} | {e['status']} | | {e.get('reason', '')} |")
+    t = f["targets"]
+    ours = t["ours_dealer_vs_floor (issue 14)"]["value"]
+    client = t["ours_client_vs_floor (issue 14)"]["value"]
+    jup = t["jupyter_vs_ours_dealer (issue 14)"]["value"]
+    sentence = (f"**What it means:** a no-op call through our executor costs {ours}x the bare ZeroMQ echo measured in "
+                f"the same rounds ({client}x through `ExecutorClient`; target 3x), and a Jupyter kernel's execute "
+                f"round trip costs {jup}x ours (target at least 15x). An in-process call has no isolation at all; a "
+                f"fresh `python -c` per call pays for a whole interpreter start every time. "
+                f"Default workers are {f['notes'].get('default_worker_mode')} (measured: two calls, two pids or one).")
+    return [f"**{f['title']}** ({f['method']})", "", *rows, "", sentence, ""]
+
+
+def _md_call_path(f: dict[str, Any]) -> list[str]:
+    rows = [f"| hop ({f['path_flags']}, plain DEALER, no-op call, p50) | us |", "|---|---|"]
+    rows += [f"| {k} | {v:.1f} |" for k, v in f["hops_us"].items()]
+    rt = f["round_trip_us"]
+    rows += ["", "| round trip (p50, interleaved) | us |", "|---|---|"]
+    rows += [f"| {k} | {v:.1f} |" for k, v in rt.items()]
+    rows += ["", "| CPU per call (schedstat) | us | times scheduled |", "|---|---|---|"]
+    rows += [f"| {k} | {v['cpu_us']:.1f} | {v['scheduled']:.2f} |" for k, v in f["cpu_per_call"].items()]
+    ec = f["executor_client_us"]
+    extra = (ec["extra over plain DEALER, request side (thread hand-off, future)"]
+             + ec["extra over plain DEALER, reply side (thread hand-off, future)"])
+    total, echo = rt["plain DEALER (p50)"], rt["floor: bare ZeroMQ echo (p50)"]
+    channel = rt["floor: bare socketpair echo, worker channel framing (p50)"]
+    codec = sum(float(s["us"]) for s in f["codec_us"].values())
+    sentence = (f"**What it means:** the executor's path has four process hops where the echo has two. Of the "
+                f"{total:.0f} us, the two wire hops at their floors cost {echo:.0f} + {channel:.0f} us, the codec on "
+                f"all hops about {codec:.0f} us, and the rest (red) is the processes' loops, per-call bookkeeping and "
+                f"wake-ups; `ExecutorClient`'s thread hand-off adds {extra:.0f} us; the per-call info log line is "
+                f"worth {f['log_line_ab_us']:.0f} us in an A/B run (noise can make it negative).")
+    fresh = f.get("fresh_worker_per_call")
+    if fresh:
+        sentence += (" With the default flags every call gets a freshly forked worker: "
+                     f"{fresh['round_trip_us']:.0f} us per no-op call, "
+                     f"{fresh['extra_over_reuse_workers_us']:.0f} us more than reusing one, and "
+                     f"{fresh['cpu_per_call_total_us']:.0f} us of CPU per call over all processes.")
+    return [f"**{f['title']}** ({f['method']})", "", *rows, "", sentence, ""]
+
+
+def _md_recovery(f: dict[str, Any]) -> list[str]:
+    rows = ["| recovery | p50 | p90 | n |", "|---|---|---|---|"]
+    for e in f["entries"].values():
+        if e.get("status") != MEASURED:
+            rows.append(f"| {e['name']} | {e['status']} | | {e.get('reason', '')} |")
+            continue
+        r = e["recovery"]
+        rows.append(f"| {e['name']} | {r['p50']:.1f} ms | {r['p90']:.1f} ms | {r['n']} |")
+    ours = f["entries"]["ours"]["recovery"]["p50"]
+    sentence = (f"**What it means:** after a tool crashes its worker, the next call succeeds {ours:.1f} ms later "
+                f"(target 30 ms) because a replacement is forked from a template that already imported the tools; a "
+                f"Jupyter kernel needs a new interpreter: {f['jupyter_over_ours']}x longer (target at least 20x).")
+    return [f"**{f['title']}**", "", *rows, "", sentence, ""]
+
+
+def _md_timeouts(f: dict[str, Any]) -> list[str]:
+    o = f["overshoot"]
+    return [f"**{f['title']}**", "",
+            "| answer time - timeout | p50 | p90 | p99 | max | n |", "|---|---|---|---|---|---|",
+            f"| {f['timeout_s']:g} s timeout | {o['p50']:.1f} ms | {o['p90']:.1f} ms | {o['p99']:.1f} ms | "
+            f"{o['max']:.1f} ms | {o['n']} |", "",
+            f"**What it means:** a hung tool's caller hears `timeout` {o['p99']:.1f} ms after the deadline at worst in "
+            f"99 of 100 calls (target 100 ms): the supervisor kills the worker at the deadline itself.", ""]
+
+
+def _md_pool(f: dict[str, Any]) -> list[str]:
+    workers = f["workers"]
+    head = "| tool | controllers | " + " | ".join(f"{w} workers" for w in workers) + " |"
+    rows = [head, "|---|---|" + "---|" * len(workers)]
+    for tool, series in f["calls_per_s"].items():
+        for c, rates in series.items():
+            rows.append(f"| {tool} | {c} | " + " | ".join(f"{r:.0f}" for r in rates) + " |")
+    worst = f["targets"]["sleep_10ms_worst_efficiency (issues 12, 14)"]["value"]
+    sentence = (f"**What it means:** calls per second ({f['via']}; {f['method']}). For a tool that sleeps 10 ms, "
+                f"throughput should grow with workers: the worst point reaches {worst}x of linear scaling from one "
+                f"worker (target 0.85x). A no-op tool is bound by the two cores, not by workers.")
+    return [f"**{f['title']}**", "", *rows, "", sentence, ""]
+
+
+def _md_ciayn(f: dict[str, Any]) -> list[str]:
+    rows = ["| CIAYN step stage | p50 | p90 |", "|---|---|---|"]
+    rows += [f"| {k} | {v['p50']:.1f} us | {v['p90']:.1f} us |" for k, v in f["stages_us"].items()]
+    return [f"**{f['title']}** (`{f['text']}`)", "", *rows, "",
+            f"**What it means:** the controller spends {f['step_total_us']:.0f} us per step on its own checks "
+            f"({f['step_total_is']}), nothing next to a model's reply.", ""]
+
+
+def _md_memory(f: dict[str, Any]) -> list[str]:
+    uss = f["worker_uss_mb"]
+    return [f"**{f['title']}**", "",
+            "| process | MB |", "|---|---|",
+            f"| supervisor RSS | {f['supervisor_rss_mb']:.1f} |", f"| supervisor USS | {f['supervisor_uss_mb']:.1f} |",
+            f"| template USS (tools imported once) | {f['template_uss_mb']} |",
+            f"| per worker USS ({len(uss)} workers) | {', '.join(f'{u:.1f}' for u in uss)} |", "",
+            f"**What it means:** with {f['workers']} workers after {f['after_calls']} calls, the supervisor holds "
+            f"{f['supervisor_rss_mb']:.0f} MB and each extra worker costs about {max(uss, default=0):.1f} MB of its "
+            f"own, since workers are forked from the template and share its pages.", ""]
+
+
+def _md_layers(f: dict[str, Any]) -> list[str]:
+    return [f"**{f['title']}**: {f.get('detail', '')}", ""]
+
+
+def update_readme(readme: Path, text: str) -> bool:
+    """Replace what is between the markers; False (nothing written) when the markers are missing."""
+    content = readme.read_text()
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
+    if not pattern.search(content):
+        return False
+    readme.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}\n{END}", content, count=1))
+    return True
+

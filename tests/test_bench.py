@@ -1,0 +1,120 @@
+"""The benchmark harness (scripts/bench_all.py) runs every code path at a tiny size, so it cannot rot.
+
+The figures themselves are not asserted (they mean nothing at this size, on a loaded machine): only
+that the results file has every figure, each with the machine it ran on and either its numbers or a
+"not built yet" entry saying what is missing, and that the charts and the table are written.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HARNESS = ROOT / "scripts" / "bench_all.py"
+MEASURED, NOT_BUILT = "measured", "not built yet"
+FIGURES = ("ciayn_overhead", "round_trip", "call_path", "recovery", "timeout_precision", "pool_scaling", "memory",
+           "hardened_layers")
+ROUND_TRIP = ("floor_zmq_echo", "ours_dealer", "ours_client", "ours_reuse_workers", "ours_hardened",
+              "ours_broker_tcp", "in_process", "jupyter_kernel", "fresh_python")
+MACHINE = ("cores", "cpu_model", "python", "pyzmq", "libzmq", "load_avg_1m")
+
+pytest.importorskip("matplotlib", reason="the bench extra is not installed (scripts/setup installs it)")
+pytest.importorskip("jupyter_client", reason="the bench extra is not installed (scripts/setup installs it)")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], str]:
+    out = tmp_path_factory.mktemp("bench")
+    readme_before = (ROOT / "README.md").read_text()
+    done = subprocess.run([sys.executable, str(HARNESS), "--tiny", "--out", str(out)], capture_output=True,
+                          text=True, timeout=280, check=False)
+    assert (ROOT / "README.md").read_text() == readme_before, "a tiny run must never touch the README"
+    assert (out / "results.json").exists(), f"no results.json; stderr:\n{done.stderr[-3000:]}"
+    return out, json.loads((out / "results.json").read_text()), done.stderr
+
+
+def _ok(entry: dict[str, Any], where: str) -> bool:
+    """True for measured, False for not built yet; anything else fails with the harness's reason."""
+    assert entry.get("status") in (MEASURED, NOT_BUILT), f"{where}: {entry.get('status')}: {entry.get('reason')}"
+    if entry["status"] == NOT_BUILT:
+        assert entry.get("reason"), f"{where}: a 'not built yet' entry must say what is missing"
+    return bool(entry["status"] == MEASURED)
+
+
+@pytest.mark.timeout(300)
+def test_tiny_run_records_every_figure_with_its_machine(tiny_run: tuple[Path, dict[str, Any], str]) -> None:
+    _out, results, _stderr = tiny_run
+    assert set(results["features"]) >= {"reuse_workers", "hardened", "broker"}
+    for key in FIGURES:
+        figure = results["figures"].get(key)
+        assert figure is not None, f"figure {key} is missing"
+        _ok(figure, key)
+        assert set(figure["machine"]) >= set(MACHINE), f"{key}: machine record incomplete"
+
+
+@pytest.mark.timeout(300)
+def test_round_trip_has_every_contestant_with_p50_p99_and_a_ratio(tiny_run: tuple[Path, dict[str, Any], str]) -> None:
+    figure = tiny_run[1]["figures"]["round_trip"]
+    assert _ok(figure, "round_trip")
+    for key in ROUND_TRIP:
+        entry = figure["entries"].get(key)
+        assert entry is not None, f"round trip entry {key} is missing"
+        if _ok(entry, key):
+            assert entry["latency"]["p50"] > 0 and entry["latency"]["p99"] >= entry["latency"]["p50"]
+            assert entry["ratio_to_floor"] > 0
+    for key, needed in (("ours_reuse_workers", "reuse_workers"), ("ours_hardened", "hardened"),
+                        ("ours_broker_tcp", "broker")):
+        built = tiny_run[1]["features"][needed]
+        assert (figure["entries"][key]["status"] != NOT_BUILT) == built, f"{key} must follow what --help offers"
+    assert {"ours_dealer_vs_floor (issue 14)", "jupyter_vs_ours_dealer (issue 14)"} <= set(figure["targets"])
+
+
+@pytest.mark.timeout(300)
+def test_call_path_breakdown_faults_pool_ciayn_and_memory_have_their_numbers(
+        tiny_run: tuple[Path, dict[str, Any], str]) -> None:
+    figures = tiny_run[1]["figures"]
+    path = figures["call_path"]
+    assert _ok(path, "call_path")
+    assert path["hops_us"] and path["codec_us"] and path["split_us"] and path["executor_client_us"]
+    assert any(name.startswith("supervisor") for name in path["cpu_per_call"]), path["cpu_per_call"]
+
+    recovery = figures["recovery"]
+    assert _ok(recovery, "recovery")
+    assert _ok(recovery["entries"]["ours"], "recovery ours") and recovery["entries"]["ours"]["recovery"]["p50"] > 0
+    _ok(recovery["entries"]["ours_hardened"], "recovery hardened")
+    assert _ok(recovery["entries"]["jupyter_kernel"], "recovery jupyter")
+
+    timeouts = figures["timeout_precision"]
+    assert _ok(timeouts, "timeout_precision") and "p99" in timeouts["overshoot"] and timeouts["overshoot_ms"]
+
+    pool = figures["pool_scaling"]
+    assert _ok(pool, "pool_scaling")
+    for tool in ("noop", "sleep_10ms"):
+        for rates in pool["calls_per_s"][tool].values():
+            assert len(rates) == len(pool["workers"]) and all(r > 0 for r in rates)
+
+    ciayn = figures["ciayn_overhead"]
+    assert _ok(ciayn, "ciayn_overhead")
+    assert {"parse (grammar, ast)", "fingerprint (repeat detection)", "encode the call (protocol.encode)"} <= set(
+        ciayn["stages_us"])
+
+    memory = figures["memory"]
+    assert _ok(memory, "memory") and memory["supervisor_rss_mb"] > 0 and memory["worker_uss_mb"]
+
+
+@pytest.mark.timeout(300)
+def test_charts_and_table_are_written(tiny_run: tuple[Path, dict[str, Any], str]) -> None:
+    out, results, _ = tiny_run
+    table = (out / "results.md").read_text()
+    for key, figure in results["figures"].items():
+        if figure["status"] == MEASURED and key != "hardened_layers":
+            png = out / f"{key}.png"
+            assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"no chart for {key}"
+            assert f"]({key}.png)" in table, f"the table does not embed the {key} chart"
+        assert figure["title"] in table, f"the table does not mention {key}"
