@@ -22,6 +22,7 @@ import os
 import resource
 import socket
 import stat
+import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -33,7 +34,8 @@ from protocol.wire import MAX_FRAMES, bound_socket, ipc_path, recv_message
 log = logging.getLogger("ciayn-executor")
 
 SHUTDOWN_LINGER_MS = 500
-RECV_BATCH = 1000  # messages taken per wake-up, so deadlines and workers are served in between
+RECV_BATCH = 1000  # messages taken per wake-up, so deadlines and workers are served in between...
+RECV_BUDGET_S = 0.02  # ...and seconds spent taking them (a decode costs up to tens of milliseconds)
 HANDSHAKE_IVL_MS = 5000  # a connection that has not completed the ZMTP (and Curve) handshake is closed
 OUTBOX_BYTES = 256 * 1024 * 1024  # answers held for one client whose pipe is full, at most
 OUTBOX_RETRY = 0.05  # seconds between attempts to send held answers
@@ -116,7 +118,12 @@ class RouterEndpoint:
         return f"{self.endpoint} (curve: {curve})"
 
     def receive(self) -> Iterator[Incoming]:
+        """Messages waiting now, at most ``RECV_BATCH`` of them or ``RECV_BUDGET_S`` of decoding, so
+        that a flood of costly bodies cannot keep the loop from pings, deadlines and workers."""
+        until = time.monotonic() + RECV_BUDGET_S
         for _ in range(RECV_BATCH):
+            if time.monotonic() > until:
+                return
             frames = recv_message(self.socket, MAX_FRAMES + 1)  # the routing frame, then the message
             if frames is None:
                 return

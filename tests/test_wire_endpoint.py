@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import socket
 import stat
 import subprocess
@@ -357,3 +358,30 @@ def test_random_bytes_on_the_wire_only_ever_get_protocol_answers_in_bounded_time
     assert supervisor.memory_info().rss - rss_before < 200 * 1024 * 1024
     sock.send_multipart(encode(Ping(nonce=1)))
     assert isinstance(decode(sock.recv_multipart()), Pong)
+
+
+def test_a_flood_of_costly_bodies_does_not_hold_up_deadlines(
+    make_client: Callable[..., ExecutorClient], dealer: Callable[..., zmq.Socket[bytes]]
+) -> None:
+    """1000 bodies of 65,000 empty arrays (each just inside the element budget, a few ms to decode)
+    wait at the executor's socket when a running call's deadline passes: the executor takes messages
+    for at most RECV_BUDGET_S per turn, so it enforces the deadline at once instead of after decoding
+    the whole flood (seconds)."""
+    client = make_client()
+    local = local_of(client)
+    assert local.proc is not None
+    running = client.submit(Call(tool="sleep_forever"), timeout=1.0)
+    until_busy(client.endpoint)
+    flood = dealer(client.endpoint)
+    body = b"\x83\xa2id\xa3f-1\xa4tool\xa1f\xa4args\xdd" + (65_000).to_bytes(4, "big") + b"\x90" * 65_000
+    os.kill(local.proc.pid, signal.SIGSTOP)
+    try:
+        for _ in range(1000):
+            flood.send_multipart([VERSION, b"call", body])
+        time.sleep(1.2)  # the call's deadline passes while the executor is stopped
+    finally:
+        os.kill(local.proc.pid, signal.SIGCONT)
+    thawed = time.monotonic()
+    result = running.result(timeout=60)
+    assert result.error is not None and result.error.kind == "timeout", result
+    assert time.monotonic() - thawed < 1.5, "the deadline waited for the flood to be decoded"
