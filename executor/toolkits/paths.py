@@ -29,14 +29,14 @@ Where openat2 is missing (``ENOSYS``: a kernel before 5.6, or a seccomp filter t
 ``openat2_missing``) the fallback is the older check: ``confine`` resolves the path with
 ``realpath`` and checks it lies inside, and the open refuses a symlink as the last component. That
 check loses the parent-directory swap race, so without openat2 the worker's OS confinement (the
-hardened profile) is the boundary. The built-in toolkit logs this once, when the template imports it.
+hardened profile) is the boundary. The built-in toolkit logs this once, when the template imports
+it. A filter applied after that probe (in a worker) that answers a call ENOSYS also means fallback.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import functools
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -74,17 +74,32 @@ def openat2(dirfd: int, path: str, flags: int, mode: int = 0) -> int:
     return int(fd)
 
 
-@functools.cache
+_UNPROBED = "unprobed"
+_missing: str | None = _UNPROBED
+NO_OPENAT2 = "the kernel has no openat2 (it came in Linux 5.6), or a seccomp filter hides it"
+
+
 def openat2_missing() -> str | None:
     """Why this process cannot use openat2 (None: it can). Probed once, with a harmless open of ".";
     the built-in toolkit calls it at import, in the template, and logs a reason."""
-    try:
-        os.close(openat2(AT_FDCWD, ".", os.O_PATH))
-    except OSError as e:
-        if e.errno == errno.ENOSYS:
-            return "the kernel has no openat2 (it came in Linux 5.6), or a seccomp filter hides it"
-        return f"openat2 fails here ({e.strerror})"
-    return None
+    global _missing
+    if _missing == _UNPROBED:
+        try:
+            os.close(openat2(AT_FDCWD, ".", os.O_PATH))
+            _missing = None
+        except OSError as e:
+            _missing = NO_OPENAT2 if e.errno == errno.ENOSYS else f"openat2 fails here ({e.strerror})"
+    return _missing
+
+
+def _lost_openat2(e: OSError) -> bool:
+    """Whether a call's openat2 answered ENOSYS after all (a seccomp filter applied after the probe);
+    from then on this process uses the fallback."""
+    global _missing
+    if e.errno != errno.ENOSYS:
+        return False
+    _missing = NO_OPENAT2
+    return True
 
 
 def confine(path: str) -> Path:
@@ -118,7 +133,11 @@ def open_beneath(path: str, flags: int, mode: int = 0o666) -> int:
     with _root_fd(root) as rfd:
         try:
             if openat2_missing() is None:
-                return _resolve(rfd, root, rel, flags, mode)
+                try:
+                    return _resolve(rfd, root, rel, flags, mode)
+                except OSError as e:
+                    if not _lost_openat2(e):
+                        raise
             return _open_checked(path, flags, mode)
         except OSError as e:
             raise _explain(e, path, root) from None
@@ -131,11 +150,15 @@ def make_parents(path: str) -> None:
     if parent == PurePosixPath("."):
         return
     try:
-        if openat2_missing() is not None:
-            confine(path).parent.mkdir(parents=True, exist_ok=True)
-            return
-        with _root_fd(root) as rfd:
-            _make_dirs(rfd, root, parent, path)
+        if openat2_missing() is None:
+            try:
+                with _root_fd(root) as rfd:
+                    _make_dirs(rfd, root, parent, path)
+                return
+            except OSError as e:
+                if not _lost_openat2(e):
+                    raise
+        confine(path).parent.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as e:
         if e.errno is None:
             raise  # already written for the model
@@ -184,7 +207,10 @@ def _resolve(rfd: int, root: Path, rel: str, flags: int, mode: int = 0) -> int:
     except OSError as e:
         if e.errno != errno.EXDEV:
             raise
-        real = Path(os.path.realpath(root / rel))
+        try:
+            real = Path(os.path.realpath(root / rel))
+        except OSError:  # a symlink that is a directory by the time realpath reads it: a race, so no retry
+            raise e from None
         if real == root / rel or not real.is_relative_to(root):
             raise
         return _openat2_retrying(rfd, str(real.relative_to(root)), flags, mode)
