@@ -45,7 +45,7 @@ examples:
         (offer the model only the tools the task needs; the executor still holds the others)
 
 Without --tools or --executor, a private executor serves the built-in toolkit (read_file,
-write_file, list_dir, run_shell, emit_note, complete_task) confined to --workspace.
+write_file, list_dir, emit_note, complete_task; no shell) confined to --workspace.
 Exit status: 0 when a tool signalled that the task is complete, 1 otherwise, 2 for usage errors,
 130 when Ctrl-C stopped the run (the first Ctrl-C cancels what is in flight; a second exits at once).
 """
