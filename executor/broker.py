@@ -40,9 +40,9 @@ from typing import Any, Literal
 
 import zmq
 
+from executor.endpoint import EndpointError, RouterEndpoint
 from executor.metrics import CallStats, MetricsServer
 from protocol import (
-    MAX_FRAME_BYTES,
     BindError,
     Bye,
     Call,
@@ -60,7 +60,6 @@ from protocol import (
     Status,
     ToolSpec,
     Welcome,
-    decode,
     encode,
     fingerprint,
 )
@@ -68,7 +67,6 @@ from protocol.timing import HEARTBEAT_INTERVAL, PEER_EXPIRY, RECOVERY_WINDOW
 
 log = logging.getLogger("ciayn-broker")
 
-RECV_BATCH = 1000  # messages taken from one socket per wake-up
 HELLO_WAIT = 10.0  # a `hello` before any executor joined waits this long for one
 RUNNING_GRACE = 10.0  # an executor silent about a call this long past its timeout: answered here
 LOCATION_TTL = 120.0  # how long an announced held id routes a resent call to its executor
@@ -76,7 +74,6 @@ MAX_LOCATIONS = 262_144
 SCAN_DEPTH = 64  # calls looked at in one client's queue for one that some free executor can take
 RESULT_CACHE_SIZE = 8192  # recent results kept to answer resent ids...
 RESULT_CACHE_BYTES = 128 * 1024 * 1024  # ...and at most this many encoded bytes of them
-SHUTDOWN_LINGER_MS = 500
 
 
 class BrokerError(Exception):
@@ -88,7 +85,7 @@ class Job:
     """A call the broker accepted and has not answered yet."""
 
     call: Call
-    frames: list[bytes]  # the call as the client encoded it: forwarded as is
+    frames: list[bytes]  # the call, encoded once, forwarded to whichever executor runs it
     key: str  # what a resend of its id must match (tool, arguments, timeout)
     client: bytes  # the route it came from: its fair-queue key
     waiters: list[bytes]
@@ -171,58 +168,33 @@ class Broker:
     # ---------------------------------------------------------------- sockets
 
     def _open(self) -> None:
-        """Each socket in its own context: a context has one ZAP authenticator with one policy, and
-        the frontend admits controllers' keys while the backend admits executors' keys."""
+        """Two bound ROUTERs with the executor's endpoint rules (private ipc, CurveZMQ on tcp unless
+        --insecure, no answer dropped by a high-water mark). Each in its own context: a context has one
+        ZAP authenticator with one policy, and the frontend admits controllers' keys while the backend
+        admits executors' keys."""
         self.contexts: list[zmq.Context[Any]] = []
-        self.auths: list[Any] = []
-        self.frontend = self._bind(self.frontend_endpoint, self.curve_clients, "frontend")
-        self.backend = self._bind(self.backend_endpoint, self.curve_executors, "backend")
-        self.backend.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a call to a vanished executor fails here
-        self.frontend.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a client reconnecting under its routing id takes it over
-
-    def _bind(self, endpoint: str, allowed_dir: str | None, which: str) -> zmq.Socket[bytes]:
-        problem = ""
-        if endpoint.startswith("tcp://") and not self.curve_secret:
-            problem = (f"the {which} {endpoint} without CurveZMQ lets anyone who can reach it (on loopback: any "
-                       f"local user) {'run tools' if which == 'frontend' else 'pose as an executor'}; use "
-                       "--curve-secret with --curve-clients and --curve-executors, or ipc paths in a private directory")
-        elif endpoint.startswith("ipc://@"):
-            problem = f"the {which} {endpoint} is an abstract socket, which any local user can connect to"
-        if problem and not self.insecure:
-            raise BrokerError(f"refusing: {problem} (or pass --insecure)")
-        if problem:
-            log.warning("serving insecurely (--insecure): %s", problem)
-        ctx: zmq.Context[Any] = zmq.Context()
-        self.contexts.append(ctx)
-        sock: zmq.Socket[bytes] = ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, SHUTDOWN_LINGER_MS)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
-        sock.setsockopt(zmq.SNDHWM, 0)  # replies are bounded by the calls we accepted
-        sock.setsockopt(zmq.RCVHWM, 0)
-        if self.curve_secret:
-            from protocol.curve import CurveError, secure_server
-
+        self.frontend: RouterEndpoint | None = None
+        self.backend: RouterEndpoint | None = None
+        for which, endpoint, allowed in (("frontend", self.frontend_endpoint, self.curve_clients),
+                                         ("backend", self.backend_endpoint, self.curve_executors)):
+            if allowed and not self.curve_secret:
+                raise BrokerError(f"a {which} key directory needs --curve-secret (the broker's own key)")
+            ctx: zmq.Context[Any] = zmq.Context()
+            self.contexts.append(ctx)
             try:
-                self.auths.append(secure_server(ctx, sock, self.curve_secret, allowed_dir))
-            except CurveError as e:
-                sock.close(0)
-                raise BrokerError(str(e)) from None
-        elif allowed_dir:
-            sock.close(0)
-            raise BrokerError(f"a {which} key directory needs --curve-secret (the broker's own key)")
-        try:
-            sock.bind(endpoint)
-        except zmq.ZMQError as e:
-            sock.close(0)
-            raise BrokerError(f"cannot bind the {which} {endpoint}: {e}") from None
-        return sock
+                side = RouterEndpoint(ctx, endpoint, curve_secret=self.curve_secret, curve_clients=allowed,
+                                      insecure=self.insecure)
+            except EndpointError as e:
+                raise BrokerError(f"{which}: {e}") from None
+            if which == "frontend":
+                self.frontend = side
+            else:
+                self.backend = side
 
     def close(self) -> None:
-        for sock in (getattr(self, "frontend", None), getattr(self, "backend", None)):
-            if sock is not None:
-                sock.close(linger=SHUTDOWN_LINGER_MS)
-        for auth in getattr(self, "auths", []):
-            auth.stop()
+        for side in (getattr(self, "frontend", None), getattr(self, "backend", None)):
+            if side is not None:
+                side.close()
         for ctx in getattr(self, "contexts", []):
             ctx.term()
         if self.metrics is not None:
@@ -231,13 +203,14 @@ class Broker:
     # ---------------------------------------------------------------- the loop
 
     def serve(self) -> int:
-        self._open()
-        if self.metrics_address:
-            try:
+        try:
+            self._open()
+            if self.metrics_address:
                 self.metrics = MetricsServer(self.metrics_address)
-            except ValueError as e:
-                self.close()
-                raise BrokerError(str(e)) from None
+        except (BrokerError, ValueError) as e:
+            self.close()
+            raise BrokerError(str(e)) from None
+        assert self.frontend is not None and self.backend is not None
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -245,21 +218,20 @@ class Broker:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         poller = zmq.Poller()
-        poller.register(self.frontend, zmq.POLLIN)
-        poller.register(self.backend, zmq.POLLIN)
+        poller.register(self.frontend.socket, zmq.POLLIN)
+        poller.register(self.backend.socket, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
-        log.info("broker %s: clients on %s, executors on %s (curve: %s; recovering for %.1f s)",
-                 self.broker_id, self.frontend_endpoint, self.backend_endpoint,
-                 "on" if self.curve_secret else "off", self.recovery_s)
+        log.info("broker %s: clients on %s, executors on %s (recovering for %.1f s)", self.broker_id,
+                 self.frontend.describe(), self.backend.describe(), self.recovery_s)
         try:
             while not self.stopping:
                 events = dict(poller.poll(self._poll_ms()))
                 if wake_r in events:
                     with contextlib.suppress(BlockingIOError):
                         os.read(wake_r, 4096)
-                if self.backend in events:
+                if self.backend.socket in events:
                     self._on_backend()
-                if self.frontend in events:
+                if self.frontend.socket in events:
                     self._on_frontend()
                 self._tick(time.monotonic())
         finally:
@@ -275,8 +247,9 @@ class Broker:
         self.stopping = True
 
     def _poll_ms(self) -> int:
+        assert self.frontend is not None and self.backend is not None
         now = time.monotonic()
-        wait = min(self.next_heartbeat, self.next_sweep) - now
+        wait = min(self.next_heartbeat - now, self.next_sweep - now, self.frontend.tick(now), self.backend.tick(now))
         return max(0, int(wait * 1000) + 1)
 
     def _tick(self, now: float) -> None:
@@ -317,22 +290,14 @@ class Broker:
     # ---------------------------------------------------------------- clients
 
     def _on_frontend(self) -> None:
-        for _ in range(RECV_BATCH):
-            try:
-                frames = self.frontend.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            if len(frames) < 2:
-                continue
-            route, body = frames[0], frames[1:]
-            try:
-                msg = decode(body)
-            except ProtocolError as e:
-                log.warning("protocol error from client %s: %s", route.hex()[:8], e)
-                self._send_frontend(route, e.result())
+        assert self.frontend is not None
+        for route, msg in self.frontend.receive():
+            if isinstance(msg, ProtocolError):
+                log.warning("protocol error from client %s: %s", route.hex()[:8], msg)
+                self._send_frontend(route, msg.reply())
                 continue
             if isinstance(msg, Call):
-                self._on_call(route, msg, body)
+                self._on_call(route, msg)
             elif isinstance(msg, Ping):
                 busy = sum(len(m.running) for m in self.members.values())
                 self._send_frontend(route, Pong(nonce=msg.nonce, executor=self.broker_id,
@@ -373,7 +338,7 @@ class Broker:
                 waiting.append((route, deadline))
         self.hellos = waiting
 
-    def _on_call(self, route: bytes, call: Call, frames: list[bytes]) -> None:
+    def _on_call(self, route: bytes, call: Call) -> None:
         cid = call.id
         if not cid:
             self._send_frontend(route, Result.failure("", "protocol", "a call must carry an id"))
@@ -410,7 +375,7 @@ class Broker:
             self._answer_now(route, Result.failure(cid, "unavailable", "the broker's queue is full "
                                                    f"({self.queued} calls); the call did not run"))
             return
-        job = Job(call=call, frames=frames, client=route, waiters=[route], spec=spec,
+        job = Job(call=call, frames=_encode(call), client=route, waiters=[route], spec=spec,
                   timeout=self._timeout(call, spec), queued_at=now, key=key)
         self.jobs[cid] = job
         held_by = self.locations.pop(cid, None)
@@ -510,8 +475,7 @@ class Broker:
         if member.id not in job.tried:
             job.tried.append(member.id)
         member.running[job.call.id or ""] = job
-        if not self._send_frames_backend(member.route, job.frames):
-            self._drop(member, "crashed", "could not be reached")
+        self._send_frames_backend(member.route, job.frames)
 
     def _unqueue(self, job: Job) -> None:
         q = self.queues.get(job.client)
@@ -545,24 +509,16 @@ class Broker:
     # ---------------------------------------------------------------- executors
 
     def _on_backend(self) -> None:
-        for _ in range(RECV_BATCH):
-            try:
-                frames = self.backend.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            if len(frames) < 2:
-                continue
-            route, body = frames[0], frames[1:]
+        assert self.backend is not None
+        for route, msg in self.backend.receive():
             member = self.members.get(route)
             if member is not None:
                 member.last_heard = time.monotonic()
-            try:
-                msg = decode(body)
-            except ProtocolError as e:
-                log.warning("protocol error from executor %s: %s", member.id if member else route.hex()[:8], e)
+            if isinstance(msg, ProtocolError):
+                log.warning("protocol error from executor %s: %s", member.id if member else route.hex()[:8], msg)
                 continue
             if isinstance(msg, Result):
-                self._on_result(route, member, msg, body)
+                self._on_result(route, member, msg)
             elif isinstance(msg, Ready):
                 self._on_ready(route, msg)
             elif isinstance(msg, Heartbeat):
@@ -634,8 +590,9 @@ class Broker:
     def _member_by_id(self, executor: str) -> Member | None:
         return next((m for m in self.members.values() if m.id == executor), None)
 
-    def _on_result(self, route: bytes, member: Member | None, result: Result, frames: list[bytes]) -> None:
+    def _on_result(self, route: bytes, member: Member | None, result: Result) -> None:
         cid = result.id
+        frames = _encode(result)
         job = self.jobs.get(cid)
         if member is None:
             # A result from an executor we do not know: sent to our previous run (we restarted). It
@@ -717,18 +674,16 @@ class Broker:
         self._send_frames_frontend(route, _encode(msg))
 
     def _send_frames_frontend(self, route: bytes, frames: list[bytes]) -> None:
-        with contextlib.suppress(zmq.ZMQError):  # a client that went away: its answer is in the cache
-            self.frontend.send_multipart([route, *frames], zmq.NOBLOCK)
+        assert self.frontend is not None
+        self.frontend.send(route, frames)  # held for a slow client; a client gone finds it in the cache
 
-    def _send_backend(self, route: bytes, msg: Any) -> bool:
-        return self._send_frames_backend(route, _encode(msg))
+    def _send_backend(self, route: bytes, msg: Any) -> None:
+        self._send_frames_backend(route, _encode(msg))
 
-    def _send_frames_backend(self, route: bytes, frames: list[bytes]) -> bool:
-        try:
-            self.backend.send_multipart([route, *frames], zmq.NOBLOCK)
-        except zmq.ZMQError:
-            return False
-        return True
+    def _send_frames_backend(self, route: bytes, frames: list[bytes]) -> None:
+        """To an executor; one that vanished is dropped when its heartbeats stop."""
+        assert self.backend is not None
+        self.backend.send(route, frames)
 
     # ---------------------------------------------------------------- status
 
