@@ -1,0 +1,205 @@
+"""The pool's speed targets (issue 12), measured side by side in one run; writes bench-results/pool.json.
+
+1. Per-call overhead: sequential calls of a tool that does nothing, (a) to one executor over ipc, (b)
+   through a broker over tcp on loopback, (c) the same with CurveZMQ on both broker sockets. The
+   three are measured in interleaved rounds so that the machine's load hits them alike. Target: (b)
+   at most 2x (a).
+2. Scaling: a tool that sleeps 10 ms, through a broker with 1, 2, 4, 8 and 16 workers in total
+   (executors of up to 4 workers each), with twice as many calls in flight as workers, for a fixed
+   window. Target: at least 0.85 x linear (calls/s per worker, relative to one worker).
+
+All executors reuse their workers (``--reuse-workers``): this measures the pool, not the fork of a
+fresh worker per call (scripts/bench_executor.py measures that). ``run()`` is importable (the
+combined ``scripts/bench`` calls it); ``python scripts/bench_broker.py [--quick]`` runs it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from controller import ExecutorClient  # noqa: E402
+from protocol import Call  # noqa: E402
+from protocol.curve import keygen, load_pair, load_public  # noqa: E402
+from tests.pool import POOL_TOOLS, Pool, free_port  # noqa: E402
+
+OUT = ROOT / "bench-results" / "pool.json"
+SLEEP_S = 0.010
+WORKERS = (1, 2, 4, 8, 16)
+PER_EXECUTOR = 4
+
+
+@contextmanager
+def _pool(tmp: Path, workers: int, *, tcp: bool = True, curve: bool = False) -> Iterator[tuple[Pool, dict[str, Any]]]:
+    """A broker (tcp on loopback, or ipc) and executors with ``workers`` workers in total."""
+    frontend = f"tcp://127.0.0.1:{free_port()}" if tcp else None
+    backend = f"tcp://127.0.0.1:{free_port()}" if tcp else None
+    keys: dict[str, Any] = {}
+    broker_args, executor_args = ["--recovery-s", "0"], ["--reuse-workers"]
+    if curve:
+        pub, sec = keygen(tmp / "broker", "broker")
+        _, client = keygen(tmp / "clients", "client")
+        _, worker = keygen(tmp / "executors", "worker")
+        broker_args += ["--curve-secret", str(sec), "--curve-clients", str(tmp / "clients"),
+                        "--curve-executors", str(tmp / "executors")]
+        executor_args += ["--curve-secret", str(worker), "--curve-server-key", str(pub)]
+        keys = {"curve_server_key": load_public(pub), "curve_keys": load_pair(client)}
+    elif tcp:
+        broker_args.append("--insecure")
+        executor_args.append("--insecure")
+    pool = Pool(tmp, frontend=frontend, backend=backend, status_keys=keys)
+    try:
+        pool.start_broker(*broker_args, recovery_s=0)
+        sizes = [min(PER_EXECUTOR, workers - i) for i in range(0, workers, PER_EXECUTOR)]
+        for n in sizes:
+            pool.add_executor([POOL_TOOLS], n, *executor_args)
+        pool.wait_for_executors(len(sizes))
+        yield pool, keys
+    finally:
+        pool.stop()
+
+
+@contextmanager
+def _single(tmp: Path) -> Iterator[str]:
+    """One executor over ipc, no broker."""
+    endpoint = f"ipc://{tmp}/single.sock"
+    pool = Pool(tmp)
+    try:
+        pool._spawn("single", ["serve", "--tools", POOL_TOOLS, "--bind", endpoint, "--reuse-workers"])
+        deadline = time.monotonic() + 30
+        while not Path(endpoint[6:]).exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError("the single executor did not start")
+            time.sleep(0.05)
+        yield endpoint
+    finally:
+        pool.stop()
+
+
+def _round_trips(client: ExecutorClient, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        started = time.perf_counter()
+        r = client.call(Call(tool="work", kwargs={"tag": str(i)}))
+        out.append(time.perf_counter() - started)
+        if not r.ok:
+            raise RuntimeError(f"a benchmark call failed: {r.error}")
+    return out
+
+
+def overhead(rounds: int, per_round: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="ciayn-bench-") as t:
+        tmp = Path(t)
+        (tmp / "a").mkdir(mode=0o700)
+        (tmp / "b").mkdir(mode=0o700)
+        (tmp / "c").mkdir(mode=0o700)
+        with _single(tmp / "a") as direct, _pool(tmp / "b", 1) as (plain, _), \
+                _pool(tmp / "c", 1, curve=True) as (secure, keys):
+            clients = {"direct_ipc": ExecutorClient(direct), "broker_tcp": ExecutorClient(plain.frontend),
+                       "broker_tcp_curve": ExecutorClient(secure.frontend, **keys)}
+            samples: dict[str, list[float]] = {name: [] for name in clients}
+            try:
+                for c in clients.values():
+                    _round_trips(c, 20)  # warm up: connections, the first worker
+                for _ in range(rounds):
+                    for name, c in clients.items():
+                        samples[name] += _round_trips(c, per_round)
+            finally:
+                for c in clients.values():
+                    c.close()
+    medians = {name: statistics.median(s) * 1e6 for name, s in samples.items()}
+    p90 = {name: sorted(s)[int(len(s) * 0.9)] * 1e6 for name, s in samples.items()}
+    ratio = medians["broker_tcp"] / medians["direct_ipc"]
+    return {
+        "calls_each": rounds * per_round,
+        "median_us": {k: round(v, 1) for k, v in medians.items()},
+        "p90_us": {k: round(v, 1) for k, v in p90.items()},
+        "broker_tcp_over_direct_ipc": round(ratio, 2),
+        "broker_tcp_curve_over_direct_ipc": round(medians["broker_tcp_curve"] / medians["direct_ipc"], 2),
+        "target": {"at_most": 2.0, "met": ratio <= 2.0},
+    }
+
+
+def _rate(client: ExecutorClient, in_flight: int, window: float, warmup: float = 0.5) -> float:
+    """Calls per second completed in ``window`` (after ``warmup``), ``in_flight`` calls always outstanding."""
+    finished_at: list[float] = []
+    errors: list[str] = []
+    slots = threading.Semaphore(in_flight)
+
+    def finished(f: Any) -> None:
+        r = f.result()
+        finished_at.append(time.monotonic())  # list.append is atomic
+        if not r.ok:
+            errors.append(str(r.error))
+        slots.release()
+
+    start = time.monotonic() + warmup
+    end = start + window
+    while time.monotonic() < end:
+        if slots.acquire(timeout=1):
+            client.submit(Call(tool="work", kwargs={"tag": "x", "seconds": SLEEP_S})).add_done_callback(finished)
+    for _ in range(in_flight):
+        slots.acquire(timeout=10)
+    if errors:
+        raise RuntimeError(f"benchmark calls failed: {errors[0]}")
+    return sum(1 for t in finished_at if start <= t < end) / window
+
+
+def scaling(window: float, workers: tuple[int, ...] = WORKERS) -> dict[str, Any]:
+    rates = []
+    with tempfile.TemporaryDirectory(prefix="ciayn-bench-") as t:
+        for w in workers:
+            tmp = Path(t) / f"w{w}"
+            tmp.mkdir(mode=0o700)
+            with _pool(tmp, w) as (pool, _), ExecutorClient(pool.frontend, timeout=30) as client:
+                client.tools()
+                rates.append(_rate(client, 2 * w, window))
+    per_worker_1 = rates[0] / workers[0]
+    efficiency = [round(r / (w * per_worker_1), 3) for r, w in zip(rates, workers, strict=True)]
+    worst = min(efficiency)
+    return {
+        "tool": f"sleeps {SLEEP_S * 1000:g} ms",
+        "workers": list(workers),
+        "calls_per_s": [round(r, 1) for r in rates],
+        "ideal_calls_per_s": [round(w / SLEEP_S, 1) for w in workers],
+        "efficiency_vs_1_worker": efficiency,
+        "target": {"at_least": 0.85, "worst": worst, "met": worst >= 0.85},
+    }
+
+
+def run(quick: bool = False, out: Path = OUT) -> dict[str, Any]:
+    """Measure both figures and write them to ``out`` (bench-results/pool.json)."""
+    result = {
+        "benchmark": "pool (issue 12): broker overhead and scaling",
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "overhead": overhead(rounds=3 if quick else 10, per_round=30 if quick else 100),
+        "scaling": scaling(window=1.0 if quick else 3.0, workers=(1, 2, 4) if quick else WORKERS),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer calls and workers (a smoke run)")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"where to write the figures (default: {OUT})")
+    args = parser.parse_args()
+    print(json.dumps(run(args.quick, args.out), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
