@@ -80,8 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-queue-wait", type=_positive(float), default=600.0,
                        help="seconds a call may wait for a worker before it is answered `unavailable` without "
                        "running; a call never waits longer than its own timeout either (default: 600)")
-    serve.add_argument("--profile", choices=["default"], default="default",
-                       help="isolation profile (default: rlimits, subreaper, whole-tree kill)")
+    serve.add_argument("--profile", choices=["default", "hardened"], default="default",
+                       help="isolation profile: default (rlimits, subreaper, whole-tree kill) or hardened (each "
+                       "call also in its own PID, mount and network namespaces, read-only filesystem, another "
+                       "uid, no capabilities, seccomp, Landlock, cgroup limits; needs root; runs the selfcheck "
+                       "first and refuses to serve if any layer fails)")
+    serve.add_argument("--allow-degraded", action="store_true",
+                       help="with --profile hardened: serve even if the machine lacks a layer or the selfcheck "
+                       "fails (loudly; tools are then less confined)")
+    serve.add_argument("--workspace-rw", action="store_true",
+                       help="with --profile hardened: tools may write the workspace (default: read-only)")
+    serve.add_argument("--skip-selfcheck", action="store_true", help=argparse.SUPPRESS)
     serve.add_argument("--no-cgroups", action="store_true",
                        help="do not put workers in control groups even where the machine offers them "
                        "(by default, as root: a memory and a pids group per worker, killed as a whole)")
@@ -109,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="stderr log verbosity (default: info)")
     _add_broker_parser(sub)
     _add_status_parser(sub)
+    check = sub.add_parser("selfcheck", help="attack the hardened profile from inside a real worker",
+                           description="Start a hardened executor whose tools are escape attempts (ptrace, "
+                           "/proc/PID/mem, signals, cgroup moves, network, secrets, writes, remounts, setuid, "
+                           "fork and memory bombs, ...), run each, and print layer, attempt, expected and "
+                           "observed. Exit 0 only if every attempt was denied; 2 if the machine lacks a layer.")
+    check.add_argument("--profile", choices=["hardened"], default="hardened", help="the profile to check")
+    check.add_argument("--json", action="store_true", help="print the rows as JSON (for CI)")
+    check.add_argument("--verbose", action="store_true", help="show the executor's log")
     keygen = sub.add_parser("keygen", help="write a CurveZMQ key pair (NAME.key, NAME.key_secret) into DIR",
                             description="Write a CurveZMQ key pair for an executor or a client: DIR/NAME.key is "
                             "the public key (give it to the other side), DIR/NAME.key_secret the secret one "
@@ -186,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         return _broker(args)
     if args.command == "status":
         return _status(args)
+    if args.command == "selfcheck":
+        from executor import selfcheck
+
+        return selfcheck.main(as_json=args.json, quiet=not args.verbose)
     if args.command == "keygen":
         from protocol.curve import CurveError, keygen
 
@@ -227,6 +248,11 @@ def _serve(args: argparse.Namespace) -> int:
     # File paths of tool modules are relative to where the command ran, not to --workspace (the
     # executor changes into the workspace before it imports them).
     args.tools = [os.path.abspath(t) if t.endswith(".py") or os.sep in t else t for t in args.tools]
+    if args.profile == "hardened":
+        from executor.selfcheck import start_hardened
+
+        if code := start_hardened(args):  # refuses, or runs the selfcheck and makes the profile active
+            return code
     limits = Limits(timeout_s=args.timeout, cpu_s=args.cpu_s, memory_mb=args.memory_mb,
                     max_output_kb=args.max_output_kb, max_result_kb=args.max_result_kb,
                     processes=args.max_processes)

@@ -36,7 +36,7 @@ from typing import Any
 
 import msgpack
 
-from executor import framing, signals
+from executor import framing, hardening, signals
 from executor.cgroups import CgroupSupport, Group
 from executor.channel import (
     CallRequest,
@@ -287,6 +287,9 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    sandbox = hardening.active()  # --profile hardened: the worker is PID 1 of a namespace of its own
+    if sandbox is not None:
+        sandbox.before_fork()
     pid = os.fork()
     if pid == 0:
         code = 0
@@ -296,12 +299,16 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
             if group is not None:
                 group.join()  # before any tool code: memory, process count and kill cover all it starts
             _worker_setup(out_w, err_w, config)
+            if sandbox is not None:
+                sandbox.enter()  # namespaces, read-only view, no privileges, Landlock, seccomp
             worker_loop(child_end, tools, config)
         except BaseException:
             code = 70
             with contextlib.suppress(BaseException):
                 traceback.print_exc()  # on the worker's stderr: it reaches the call's result or the log
         os._exit(code)
+    if sandbox is not None:
+        sandbox.after_fork(pid)
     child_end.close()
     os.close(out_w)
     os.close(err_w)
