@@ -9,6 +9,7 @@ import os
 import re
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -355,15 +356,23 @@ def test_read_of_a_hard_linked_file_reads_it_like_any_workspace_file(ws: Path, o
 # --- read_file memory ------------------------------------------------------------------------------
 
 
+def peak_allocated(fn: Callable[[], object]) -> tuple[object, int]:
+    """What ``fn()`` returned (or the exception it raised) and the most memory it held at once."""
+    tracemalloc.start()
+    try:
+        try:
+            result: object = fn()
+        except Exception as e:
+            result = e
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_a_huge_max_bytes_on_a_small_file_allocates_only_the_file(ws: Path) -> None:
     (ws / "small.txt").write_text("hello\n" * 100)
     read_file("small.txt")  # warm up caches and imports outside the measurement
-    tracemalloc.start()
-    try:
-        text = read_file("small.txt", max_bytes=10**10)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    text, peak = peak_allocated(lambda: read_file("small.txt", max_bytes=10**10))
     assert text == "hello\n" * 100
     assert peak < 64 * 1024, f"read_file allocated {peak} bytes for a 600-byte file"
 
@@ -371,26 +380,16 @@ def test_a_huge_max_bytes_on_a_small_file_allocates_only_the_file(ws: Path) -> N
 def test_a_large_file_is_read_in_bounded_chunks(ws: Path) -> None:
     size = 3 * builtin.READ_CHUNK + 123
     (ws / "big.txt").write_bytes(b"y" * size)
-    tracemalloc.start()
-    try:
-        text = read_file("big.txt", max_bytes=10**10)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert len(text) == size
+    text, peak = peak_allocated(lambda: read_file("big.txt", max_bytes=10**10))
+    assert isinstance(text, str) and len(text) == size
     assert peak < 4 * size, f"read_file allocated {peak} bytes for a {size}-byte file"
 
 
 def test_a_sparse_file_stops_at_the_first_chunk_with_a_nul(ws: Path) -> None:
     with open(ws / "sparse.txt", "wb") as f:
         f.truncate(1 << 40)  # 1 TiB of holes: no disk, all NULs
-    tracemalloc.start()
-    try:
-        with pytest.raises(ValueError, match="binary"):
-            read_file("sparse.txt", max_bytes=10**13)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    error, peak = peak_allocated(lambda: read_file("sparse.txt", max_bytes=10**13))
+    assert isinstance(error, ValueError) and "binary" in str(error)
     assert peak < 4 * builtin.READ_CHUNK
 
 

@@ -267,25 +267,24 @@ def _outside(path: str, root: Path) -> PermissionError:
     )
 
 
+# What the kernel's errno means for a path the model gave: the error type and its message.
+_EXPLAINED: dict[int, tuple[type[OSError], str]] = {
+    errno.ENOENT: (FileNotFoundError, "{path!r} does not exist in the workspace; use list_dir to see what does"),
+    errno.ENOTDIR: (FileNotFoundError, "{path!r} does not exist: a part of it is a file, not a directory"),
+    errno.ELOOP: (OSError, "path {path!r} goes through a symlink loop (or a /proc magic link); it cannot be used"),
+    errno.EISDIR: (IsADirectoryError, "{path!r} is a directory; give a file path to write to"),
+    errno.ENXIO: (OSError, "{path!r} is not a regular file (a pipe, socket or device); it cannot be used"),
+    errno.EAGAIN: (OSError, "the workspace kept changing while {path!r} was resolved; try again"),
+    errno.EACCES: (PermissionError, "{path!r}: permission denied"),
+    errno.EPERM: (PermissionError, "{path!r}: permission denied"),
+}
+
+
 def _explain(e: OSError, path: str, root: Path) -> OSError:
     """The kernel's answer as an error written for the model (errors already written pass through)."""
     if e.filename is None and e.errno is None:
         return e
-    code = e.errno
-    if code == errno.EXDEV:
+    if e.errno == errno.EXDEV:
         return _outside(path, root)
-    if code == errno.ENOENT:
-        return FileNotFoundError(f"{path!r} does not exist in the workspace; use list_dir to see what does")
-    if code == errno.ENOTDIR:
-        return FileNotFoundError(f"{path!r} does not exist: a part of it is a file, not a directory")
-    if code == errno.ELOOP:
-        return OSError(f"path {path!r} goes through a symlink loop (or a /proc magic link); it cannot be used")
-    if code == errno.EISDIR:
-        return IsADirectoryError(f"{path!r} is a directory; give a file path to write to")
-    if code == errno.ENXIO:
-        return OSError(f"{path!r} is not a regular file (a pipe, socket or device); it cannot be used")
-    if code == errno.EAGAIN:
-        return OSError(f"the workspace kept changing while {path!r} was resolved; try again")
-    if code in (errno.EACCES, errno.EPERM):
-        return PermissionError(f"{path!r}: permission denied")
-    return OSError(f"{path!r}: {e.strerror or e}")
+    kind, message = _EXPLAINED.get(e.errno or 0, (OSError, "{path!r}: {strerror}"))
+    return kind(message.format(path=path, strerror=e.strerror or e))
