@@ -68,6 +68,7 @@ from protocol.timing import HEARTBEAT_INTERVAL, PEER_EXPIRY, RECOVERY_WINDOW
 log = logging.getLogger("ciayn-broker")
 
 HELLO_WAIT = 10.0  # a `hello` before any executor joined waits this long for one
+MAX_HELLOS = 4096  # clients waiting for that answer, at most (one entry per client)
 RUNNING_GRACE = 10.0  # an executor silent about a call this long past its timeout: answered here
 LOCATION_TTL = 120.0  # how long an announced held id routes a resent call to its executor
 MAX_LOCATIONS = 262_144
@@ -305,7 +306,7 @@ class Broker:
             elif isinstance(msg, Hello):
                 if self.members and not self.recovering:
                     self._send_frontend(route, self.welcome())
-                else:
+                elif len(self.hellos) < MAX_HELLOS and all(r != route for r, _ in self.hellos):
                     self.hellos.append((route, time.monotonic() + HELLO_WAIT))
             elif isinstance(msg, Cancel):
                 self._on_cancel(route, msg.id)

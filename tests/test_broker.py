@@ -64,6 +64,24 @@ def test_calls_are_routed_to_the_executor_with_the_tool_and_an_unknown_tool_is_r
         assert r.error is not None and r.error.kind == "bad_arguments"
 
 
+def test_calls_go_to_the_least_loaded_executor_and_never_beyond_its_workers(pool: Pool) -> None:
+    pool.start_broker()
+    pool.add_executor([POOL_TOOLS], workers=2)
+    pool.add_executor([POOL_TOOLS], workers=1)
+    pool.wait_for_executors(2)
+    with ExecutorClient(pool.frontend) as client:
+        client.tools()
+        futures = [client.submit(Call(tool="work", kwargs={"tag": str(i), "seconds": 0.5})) for i in range(4)]
+        wait_until("three calls running", lambda: (r := pool.status()) is not None and r.busy == 3)
+        report = pool.status()
+        assert report is not None and report.queued == 1  # the fourth waits in the broker, not in an executor
+        assert sorted(e.busy for e in report.executors) == [1, 2]
+        results = [f.result(timeout=30) for f in futures]
+    assert all(r.ok for r in results)
+    by_executor = sorted(sum(1 for r in results if r.executor == e.executor) for e in report.executors)
+    assert by_executor in ([1, 3], [2, 2])
+
+
 def test_a_second_executor_serving_a_tool_of_the_same_name_differently_is_refused(pool: Pool) -> None:
     pool.start_broker()
     pool.add_executor([POOL_TOOLS], workers=1)
