@@ -277,6 +277,7 @@ _EXPLAINED: dict[int, tuple[type[OSError], str]] = {
     errno.EAGAIN: (OSError, "the workspace kept changing while {path!r} was resolved; try again"),
     errno.EACCES: (PermissionError, "{path!r}: permission denied"),
     errno.EPERM: (PermissionError, "{path!r}: permission denied"),
+    errno.EROFS: (PermissionError, "{path!r}: the workspace is read-only for tools here; it cannot be written"),
 }
 
 
