@@ -24,6 +24,7 @@ import socket
 import stat
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
 import zmq
@@ -255,15 +256,22 @@ def _private_directory_problem(directory: str) -> str:
 
 
 def raise_open_files_limit() -> None:
-    """Raise the soft RLIMIT_NOFILE to the hard limit: each connection costs a descriptor, and
-    libzmq aborts the process when its ipc listener's accept() fails with EMFILE (a connection flood
-    from an allowed user). The residual risk is in SPEC.md."""
+    """Raise RLIMIT_NOFILE as far as allowed (the hard limit, and as root the kernel's ``nr_open``, at
+    most 2^20): each connection costs a descriptor, and libzmq aborts the process when its ipc
+    listener's accept() fails with EMFILE (a connection flood from an allowed user). The residual risk
+    is in SPEC.md."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    ceiling = 1 << 20
+    with contextlib.suppress(OSError, ValueError):
+        ceiling = min(ceiling, int(Path("/proc/sys/fs/nr_open").read_text()))
     if hard == resource.RLIM_INFINITY:
-        hard = 1 << 20
-    if soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        hard = ceiling
+    for target in (max(ceiling, soft), hard):  # beyond the hard limit needs privilege; else up to it
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, max(target, hard)))
+            return
+        except (ValueError, OSError):
+            continue
 
 
 def _file_identity(path: str) -> tuple[int, int] | None:
