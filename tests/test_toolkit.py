@@ -321,6 +321,17 @@ def test_a_dangling_symlink_in_the_parent_path_is_a_clear_error_with_openat2(ws:
     assert sorted(os.listdir(ws)) == ["gone"]
 
 
+def test_a_proc_magic_link_is_never_followed(ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workspace that holds a procfs (a container's root, say): /proc/PID/root and fd/N are magic
+    links to anywhere; openat2 refuses them (RESOLVE_NO_MAGICLINKS), the fallback finds them outside."""
+    monkeypatch.setenv("CIAYN_WORKSPACE", f"/proc/{os.getpid()}")
+    expected = "magic link" if paths.openat2_missing() is None else "outside the workspace"
+    with pytest.raises(OSError, match=expected):
+        read_file("root/etc/hostname")
+    with pytest.raises(OSError, match=expected):
+        list_dir("cwd")
+
+
 def test_writing_to_a_fifo_is_refused_without_hanging(ws: Path) -> None:
     os.mkfifo(ws / "pipe")
     with pytest.raises(OSError, match="not a regular file"):
