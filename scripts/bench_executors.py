@@ -72,7 +72,8 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def brokered(features: Features, workers: int, executors: int = 2, **options: object) -> Iterator[Running]:
+def brokered(features: Features, workers: int, executors: int = 2, *, extra: list[str] | None = None,
+             **options: object) -> Iterator[Running]:
     """A broker on loopback tcp and ``executors`` executors (``serve --connect``) sharing ``workers``
     workers between them; yields once the pool answers ``hello`` with all of them."""
     tmp = Path(tempfile.mkdtemp(prefix="ciayn-bench-pool-"))
@@ -92,6 +93,7 @@ def brokered(features: Features, workers: int, executors: int = 2, **options: ob
             serve += [f"--{key.replace('_', '-')}", str(value)]
         if features.insecure_flag_serve:
             serve.append("--insecure")
+        serve += extra or []
         commands.append(serve)
     procs: list[subprocess.Popen[bytes]] = []
     client: ExecutorClient | None = None

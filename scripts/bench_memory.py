@@ -22,11 +22,12 @@ def _uss(proc: psutil.Process) -> float:
 def run(calls: int) -> dict[str, Any]:
     log(f"memory: executor with {WORKERS} workers after {calls} calls")
     with direct(workers=WORKERS) as running:
-        futures = [running.client.submit(Call(tool="noop")) for _ in range(calls)]
-        for future in futures:
-            result = future.result()
-            if not result.ok:
-                raise RuntimeError(f"a call failed: {result}")
+        for start in range(0, calls, 4 * WORKERS):  # a few calls in flight per worker, never a full queue
+            futures = [running.client.submit(Call(tool="noop")) for _ in range(min(4 * WORKERS, calls - start))]
+            for future in futures:
+                result = future.result()
+                if not result.ok:
+                    raise RuntimeError(f"a call failed: {result}")
         supervisor = running.supervisor()
         template = next((c for c in supervisor.children() if c.children()), None)
         workers = template.children() if template is not None else []

@@ -6,6 +6,7 @@ caption) and one markdown text (tables plus a sentence per figure on what it mea
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,16 +75,17 @@ def _chart_round_trip(fig: Any, data: dict[str, Any]) -> None:
     names = [name for name, _ in rows]
     for i, (_name, e) in enumerate(rows):
         if e.get("status") != MEASURED:
-            ax.text(0.12, i, f"{e['status']}: {e.get('reason', '')[:90]}", va="center", fontsize=7, color="0.35")
+            ax.text(0.06, i, f"{e['status']}: {e.get('reason', '')[:90]}", va="center", fontsize=7, color="0.35")
             continue
         lat = e["latency"]
         ax.barh(i, lat["p50"], color="tab:orange" if "ours" in e["name"] else "tab:blue")
         ax.plot([lat["p99"]], [i], marker="|", markersize=14, color="black")
-        ax.text(lat["p50"] * 1.15, i, f"{_fmt_us(lat['p50'])}  ({e['ratio_to_floor']:g}x floor)", va="center",
+        ax.text(lat["p99"] * 1.3, i, f"{_fmt_us(lat['p50'])}  ({e['ratio_to_floor']:.1f}x floor)", va="center",
                 fontsize=8)
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set_xscale("log")
-    ax.set_xlim(0.1, None)
+    top = max((e["latency"]["p99"] for _, e in rows if e.get("status") == MEASURED), default=1.0)
+    ax.set_xlim(0.05, top * 40)
     ax.set_xlabel("round trip, microseconds (log scale); bar = p50, | = p99")
     ax.set_title("No-op tool call round trip, interleaved in one run (orange: ours)")
 
@@ -91,7 +93,7 @@ def _chart_round_trip(fig: Any, data: dict[str, Any]) -> None:
 def _chart_call_path(fig: Any, data: dict[str, Any]) -> None:
     ax = fig.add_subplot(1, 1, 1)
     hops = list(data["hops_us"].items())
-    names = [k for k, _ in hops][::-1]
+    names = [textwrap.fill(k, 52) for k, _ in hops][::-1]
     values = [v for _, v in hops][::-1]
     colors = ["tab:red" if "everything else" in n else "tab:green" if "hop" in n else "tab:purple" for n in names]
     ax.barh(range(len(values)), values, color=colors)
@@ -100,8 +102,10 @@ def _chart_call_path(fig: Any, data: dict[str, Any]) -> None:
     ax.set_yticks(range(len(names)), names, fontsize=7)
     total = data["round_trip_us"]["plain DEALER (p50)"]
     floor = data["round_trip_us"]["floor: bare ZeroMQ echo (p50)"]
-    ax.set_xlabel("microseconds per no-op call (p50); green: wire hops at their floor, purple: codec, red: the rest")
-    ax.set_title(f"Where a no-op call's {total:.0f} us go (plain DEALER, {total / floor:.1f}x the {floor:.0f} us echo)")
+    ax.set_xlabel("microseconds per no-op call (p50)\ngreen: wire hops at their floor, purple: codec, red: the rest")
+    fig.set_size_inches(11, 7.5)
+    ax.set_title(f"Where a no-op call's {total:.0f} us go ({data['path_flags']}, plain DEALER)\n"
+                 f"{total / floor:.1f}x the {floor:.0f} us bare ZeroMQ echo of the same rounds", fontsize=10)
 
 
 def _chart_recovery(fig: Any, data: dict[str, Any]) -> None:
@@ -134,20 +138,24 @@ def _chart_timeouts(fig: Any, data: dict[str, Any]) -> None:
 
 def _chart_pool(fig: Any, data: dict[str, Any]) -> None:
     workers = data["workers"]
-    for i, (tool, title) in enumerate((("noop", "no-op tool"), ("sleep_10ms", "tool sleeping 10 ms"))):
-        ax = fig.add_subplot(1, 2, i + 1)
-        for controllers, rates in data["calls_per_s"][tool].items():
-            ax.plot(workers, rates, marker="o", label=f"{controllers} controller(s)")
-        if tool == "sleep_10ms":
-            ax.plot(workers, data["sleep_10ms_ideal_calls_per_s"], linestyle=":", color="0.4",
-                    label="ideal (workers / 10 ms)")
-        ax.set_xlabel("total workers")
-        ax.set_ylabel("calls per second")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(workers, [str(w) for w in workers])
-        ax.set_title(f"Pool scaling, {title}")
-        ax.legend(fontsize=8)
-    fig.suptitle(f"Calls/s against total workers ({data['via']})", fontsize=10)
+    modes = list(data["modes"].items())
+    fig.set_size_inches(11, 4.2 * len(modes))
+    for row, (mode, result) in enumerate(modes):
+        for col, (tool, title) in enumerate((("noop", "no-op tool"), ("sleep_10ms", "tool sleeping 10 ms"))):
+            ax = fig.add_subplot(len(modes), 2, 2 * row + col + 1)
+            for controllers, rates in result["calls_per_s"][tool].items():
+                ax.plot(workers, rates, marker="o", label=f"{controllers} controller(s)")
+            if tool == "sleep_10ms":
+                ax.plot(workers, data["sleep_10ms_ideal_calls_per_s"], linestyle=":", color="0.4",
+                        label="ideal (workers / 10 ms)")
+                ax.set_yscale("log")
+            ax.set_xlabel("total workers")
+            ax.set_ylabel("calls per second")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(workers, [str(w) for w in workers])
+            ax.set_title(f"{title}, executors at {mode}", fontsize=10)
+            ax.legend(fontsize=7)
+    fig.suptitle(f"Pool scaling: calls/s against total workers ({data['via']})", fontsize=11)
 
 
 def _chart_ciayn(fig: Any, data: dict[str, Any]) -> None:
@@ -209,19 +217,23 @@ def _md_round_trip(f: dict[str, Any]) -> list[str]:
                               key=lambda e: e["latency"]["p50"])
     for e in measured_entries:
         lat = e["latency"]
-        rows.append(f"| {e['name']} | {_fmt_us(lat['p50'])} | {_fmt_us(lat['p99'])} | {e['ratio_to_floor']:g}x |")
+        rows.append(f"| {e['name']} | {_fmt_us(lat['p50'])} | {_fmt_us(lat['p99'])} | {e['ratio_to_floor']:.1f}x |")
     for e in entries.values():
         if e.get("status") != MEASURED:
             rows.append(f"| {e['name']} | {e['status']} | | {e.get('reason', '')} |")
-    t = f["targets"]
-    ours = t["ours_dealer_vs_floor (issue 14)"]["value"]
-    client = t["ours_client_vs_floor (issue 14)"]["value"]
-    jup = t["jupyter_vs_ours_dealer (issue 14)"]["value"]
-    sentence = (f"**What it means:** a no-op call through our executor costs {ours}x the bare ZeroMQ echo measured in "
-                f"the same rounds ({client}x through `ExecutorClient`; target 3x), and a Jupyter kernel's execute "
-                f"round trip costs {jup}x ours (target at least 15x). An in-process call has no isolation at all; a "
-                f"fresh `python -c` per call pays for a whole interpreter start every time. "
-                f"Default workers are {f['notes'].get('default_worker_mode')} (measured: two calls, two pids or one).")
+    t = {k.split(" (")[0]: v["value"] for k, v in f["targets"].items()}
+
+    def x(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.1f}x"
+
+    mode = f["notes"].get("default_worker_mode")
+    sentence = (f"**What it means:** with the default flags ({mode} workers: a new worker process per call) a no-op "
+                f"call costs {x(t['ours_dealer_vs_floor'])} the bare ZeroMQ echo measured in the same rounds "
+                f"({x(t['ours_client_vs_floor'])} through `ExecutorClient`); with `--reuse-workers` "
+                f"{x(t['ours_reuse_workers_vs_floor'])} ({x(t['ours_reuse_workers_client_vs_floor'])} through "
+                f"`ExecutorClient`); the target is 3x. A Jupyter kernel's execute round trip costs "
+                f"{x(t['jupyter_vs_ours_dealer'])} our default (target at least 15x). An in-process call has no "
+                "isolation at all; a fresh `python -c` per call pays for a whole interpreter start every time.")
     return [f"**{f['title']}** ({f['method']})", "", *rows, "", sentence, ""]
 
 
@@ -280,15 +292,17 @@ def _md_timeouts(f: dict[str, Any]) -> list[str]:
 
 def _md_pool(f: dict[str, Any]) -> list[str]:
     workers = f["workers"]
-    head = "| tool | controllers | " + " | ".join(f"{w} workers" for w in workers) + " |"
-    rows = [head, "|---|---|" + "---|" * len(workers)]
-    for tool, series in f["calls_per_s"].items():
-        for c, rates in series.items():
-            rows.append(f"| {tool} | {c} | " + " | ".join(f"{r:.0f}" for r in rates) + " |")
-    worst = f["targets"]["sleep_10ms_worst_efficiency (issues 12, 14)"]["value"]
+    head = "| executors | tool | controllers | " + " | ".join(f"{w} workers" for w in workers) + " |"
+    rows = [head, "|---|---|---|" + "---|" * len(workers)]
+    worst = []
+    for mode, result in f["modes"].items():
+        for tool, series in result["calls_per_s"].items():
+            for c, rates in series.items():
+                rows.append(f"| {mode} | {tool} | {c} | " + " | ".join(f"{r:.0f}" for r in rates) + " |")
+        worst.append(f"{result['sleep_10ms_worst_scaling']}x with {mode}")
     sentence = (f"**What it means:** calls per second ({f['via']}; {f['method']}). For a tool that sleeps 10 ms, "
-                f"throughput should grow with workers: the worst point reaches {worst}x of linear scaling from one "
-                f"worker (target 0.85x). A no-op tool is bound by the two cores, not by workers.")
+                f"throughput should grow with workers; the worst point reaches {' and '.join(worst)} of linear "
+                f"scaling from one worker (target 0.85x). A no-op tool is bound by the two cores, not by workers.")
     return [f"**{f['title']}**", "", *rows, "", sentence, ""]
 
 

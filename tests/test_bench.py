@@ -95,9 +95,11 @@ def test_call_path_breakdown_faults_pool_ciayn_and_memory_have_their_numbers(
 
     pool = figures["pool_scaling"]
     assert _ok(pool, "pool_scaling")
-    for tool in ("noop", "sleep_10ms"):
-        for rates in pool["calls_per_s"][tool].values():
-            assert len(rates) == len(pool["workers"]) and all(r > 0 for r in rates)
+    assert "default flags" in pool["modes"]
+    for mode in pool["modes"].values():
+        for tool in ("noop", "sleep_10ms"):
+            for rates in mode["calls_per_s"][tool].values():
+                assert len(rates) == len(pool["workers"]) and all(r > 0 for r in rates)
 
     ciayn = figures["ciayn_overhead"]
     assert _ok(ciayn, "ciayn_overhead")
