@@ -696,3 +696,9 @@ def activate(config: HardenedConfig) -> Sandbox:
 def active() -> Sandbox | None:
     """The hardened sandbox of this executor, or None under the default profile."""
     return _active
+
+
+def applied() -> list[str]:
+    """The layers every worker of this executor runs under (a worker that cannot apply one of them
+    dies before its call): what a result's ``worker.layers`` says."""
+    return list(_active.names) if _active is not None else []

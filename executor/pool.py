@@ -29,7 +29,7 @@ from typing import Any
 
 import zmq
 
-from executor import framing
+from executor import framing, hardening
 from executor.calls import Job
 from executor.channel import (
     CallRequest,
@@ -544,7 +544,7 @@ class WorkerPool:
     def _answer(self, job: Job, result: Result, slot: Slot, *, restarted: bool) -> None:
         """Complete a result with what the pool knows (worker, output, limits) and hand it on."""
         result.worker = WorkerInfo.model_construct(id=slot.id, pid=slot.pid, incarnation=slot.id,
-                                                   restarted=restarted)
+                                                   restarted=restarted, layers=hardening.applied())
         result.stdout = job.stdout.decode(errors="replace") if job.stdout else ""
         result.stderr = job.stderr.decode(errors="replace") if job.stderr else ""
         result.limits = job.limits
@@ -593,7 +593,7 @@ class WorkerPool:
             slot.job = None
             self._drain_output(slot)
             wall = time.monotonic() - job.started
-            result = job.outcome or _death_result(job, sig, code, oom)
+            result = job.outcome or _death_result(job, sig, code, oom, cpu_s)
             assert result.error is not None
             if result.error.kind == "crashed":
                 result.error.signal = sig or None
@@ -620,8 +620,12 @@ class WorkerPool:
                 self.poller.unregister(fd)
 
 
-def _death_result(job: Job, sig: int, code: int | None, oom: bool = False) -> Result:
+def _death_result(job: Job, sig: int, code: int | None, oom: bool = False, cpu_s: float = 0.0) -> Result:
     cid = job.call_id
+    if sig == signal.SIGKILL and cpu_s >= job.limits.effective_cpu_s():
+        # SIGXCPU was not delivered (a hardened worker is PID 1 of its namespace, which the kernel
+        # spares it; or the tool ignored it): RLIMIT_CPU's hard limit killed it. A CPU timeout all the same.
+        sig = signal.SIGXCPU
     if oom:
         return Result.failure(cid, "memory", f"the tool (with the processes it started) went over its "
                               f"{job.limits.memory_mb} MB memory limit and was killed")

@@ -10,7 +10,7 @@ messages into frames and back; nothing else serialises them.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -119,6 +119,10 @@ class WorkerInfo(Body):
     incarnation: int = Field(description="how many processes that slot has had")
     restarted: bool = Field(default=False, description="the call cost its worker: it was killed or died and "
                             "is replaced, so any state a tool kept in it is lost")
+    layers: list[Annotated[str, Field(max_length=MAX_NAME_CHARS)]] = Field(
+        default_factory=list, max_length=64, description="the isolation layers the worker ran under, in the "
+        "order applied (`--profile hardened`: pid-ns, cgroups, mount-ns, ..., seccomp); empty under the "
+        "default profile")
 
 
 class Stats(Body):

@@ -237,3 +237,16 @@ def test_seccomp_program_is_well_formed() -> None:
     program = hardening.seccomp_program()
     assert len(program) % 8 == 0 and len(program) // 8 < 4096
     assert len(hardening.DENIED_SYSCALLS) == len(set(hardening.DENIED_SYSCALLS))
+
+
+def test_result_lists_the_layers_and_a_cpu_hog_is_a_timeout(make_client: Any, tmp_path: Path) -> None:
+    """Under hardened, ``worker.layers`` names every layer; a CPU hog (in PID 1 of its namespace, where
+    the kernel does not deliver SIGXCPU) is still answered ``timeout``, as under the default profile."""
+    tmp_path.chmod(0o755)
+    faulty = str(Path(__file__).parent / "tools" / "faulty.py")
+    for profile, layers in (("default", []), ("hardened", list(hardening.LAYER_NAMES))):
+        client = make_client(tools=[faulty], workspace=tmp_path, profile=profile, cpu_s=1, timeout=20)
+        noop = client.call_text("noop()")
+        assert noop.ok and noop.worker.layers == layers
+        hog = client.call_text("busy_loop()")
+        assert hog.error is not None and hog.error.kind == "timeout", (profile, hog.error)
