@@ -21,8 +21,12 @@ At most once, across a broker restart: the broker's incarnation names the pool, 
 ids rather than give up on them; executors re-announce with the ids they hold, a resent id goes back
 to the executor that has it (which answers from its cache or joins the running call), and for
 ``RECOVERY_WINDOW`` after start the broker sends no call elsewhere, so that every executor of the
-previous run has announced what it holds first. The broker keeps its own cache of recent results
-too, so a duplicate is usually answered without asking an executor.
+previous run has announced what it holds first. During that window it also leaves clients' pings
+and hellos unanswered: a client that had calls in flight through the previous run takes the silence
+for a lost connection (Lazy Pirate), reconnects, and resends them as soon as the broker answers, so
+the window must outlast the client's silence threshold (a test checks the constants agree). The
+broker keeps its own cache of recent results too, so a duplicate is usually answered without asking
+an executor.
 """
 
 from __future__ import annotations
@@ -300,6 +304,8 @@ class Broker:
             if isinstance(msg, Call):
                 self._on_call(route, msg)
             elif isinstance(msg, Ping):
+                if self.recovering:
+                    continue  # silent on purpose: see the module docstring
                 busy = sum(len(m.running) for m in self.members.values())
                 self._send_frontend(route, Pong(nonce=msg.nonce, executor=self.broker_id,
                                                 incarnation=self.incarnation, busy=busy, queued=self.queued))

@@ -20,7 +20,10 @@ The link (see ``protocol/SPEC.md``, "Pool"):
   executor that has not announced holding it: executors of its previous run re-announce within that
   time (at worst one backoff wait plus a heartbeat), together with the ids of the calls they hold, so
   a call a client resends after a broker restart goes back to the executor that has it, and runs at
-  most once.
+  most once. Meanwhile it answers no client's ping, so that clients with calls in flight reconnect and
+  resend them: the window must be longer than a client's silence threshold (2 s in the Python client,
+  ``SILENCE_BEFORE_RECONNECT``) plus a heartbeat, and shorter than the silence after which it gives
+  calls up (6 s, ``UNAVAILABLE_AFTER``).
 - ``HELD_RECENT`` bounds how many ids of recently answered calls a ``ready`` carries.
 """
 

@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 from controller import ExecutorClient
+from executor.cli import main
 from executor.status import fetch
 from protocol import Call, Result, decode, encode
 from tests.pool import ALPHA, BETA, CONFLICT, POOL_TOOLS, ROOT, Pool, free_port, wait_until
@@ -204,24 +205,41 @@ def test_a_client_resending_an_id_through_the_broker_gets_the_first_answer(pool:
     assert log.read_text().split() == ["once", log.read_text().split()[1]]
 
 
-def test_cli_refuses_contradictory_pool_options(tmp_path: Path) -> None:
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "executor.cli", *args], cwd=ROOT, capture_output=True,
-                              text=True, timeout=30)
+def test_a_restarted_broker_is_silent_long_enough_for_clients_to_resend_but_not_to_give_up() -> None:
+    """The recovery window (protocol/timing.py) and the client's Lazy Pirate thresholds must agree."""
+    from controller import client
+    from protocol.timing import HEARTBEAT_INTERVAL, RECOVERY_WINDOW
 
-    out = run("serve", "--tools", POOL_TOOLS, "--bind", "ipc:///tmp/x.sock", "--connect", "ipc:///tmp/y.sock")
-    assert out.returncode == 2 and "not allowed with argument" in out.stderr
-    out = run("serve", "--tools", POOL_TOOLS, "--connect", "tcp://127.0.0.1:1", "--curve-secret", "k",
-              "--curve-clients", str(tmp_path))
-    assert out.returncode == 2 and "--curve-clients is for --bind" in out.stderr
-    out = run("serve", "--tools", POOL_TOOLS, "--bind", "ipc:///tmp/x.sock", "--curve-server-key", "k")
-    assert out.returncode == 2 and "--curve-server-key is for --connect" in out.stderr
-    out = run("broker", "--frontend", "tcp://127.0.0.1:1", "--backend", "tcp://127.0.0.1:2", "--curve-clients", "d")
-    assert out.returncode == 2 and "need --curve-secret" in out.stderr
-    out = run("broker", "--frontend", "bogus://x", "--backend", f"ipc://{tmp_path}/b.sock")
-    assert out.returncode == 1 and "frontend: cannot bind bogus://x" in out.stderr
-    out = run("broker", "--frontend", f"ipc://{tmp_path}/f.sock", "--backend", "tcp://127.0.0.1:1")
-    assert out.returncode == 1 and "backend: refusing to serve on tcp://127.0.0.1:1" in out.stderr
-    out = run("serve", "--tools", POOL_TOOLS, "--connect", "tcp://127.0.0.1:1")
+    assert client.SILENCE_BEFORE_RECONNECT + HEARTBEAT_INTERVAL < RECOVERY_WINDOW < client.UNAVAILABLE_AFTER
+
+
+def test_cli_refuses_contradictory_pool_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def run(*args: str) -> tuple[int, str]:
+        """In this process: each of these fails before anything is started or forked."""
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's usage errors
+            code = int(e.code or 0)
+        return code, capsys.readouterr().err
+
+    code, err = run("serve", "--tools", POOL_TOOLS, "--bind", "ipc:///tmp/x.sock", "--connect", "ipc:///tmp/y.sock")
+    assert code == 2 and "not allowed with argument" in err
+    code, err = run("serve", "--tools", POOL_TOOLS, "--connect", "tcp://127.0.0.1:1", "--curve-secret", "k",
+                    "--curve-clients", str(tmp_path))
+    assert code == 2 and "--curve-clients is for --bind" in err
+    code, err = run("serve", "--tools", POOL_TOOLS, "--bind", "ipc:///tmp/x.sock", "--curve-server-key", "k")
+    assert code == 2 and "--curve-server-key is for --connect" in err
+    code, err = run("broker", "--frontend", "tcp://127.0.0.1:1", "--backend", "tcp://127.0.0.1:2", "--curve-clients",
+                    "d")
+    assert code == 2 and "need --curve-secret" in err
+    code, err = run("broker", "--frontend", "bogus://x", "--backend", f"ipc://{tmp_path}/b.sock")
+    assert code == 1 and "frontend: cannot bind bogus://x" in err
+    code, err = run("broker", "--frontend", f"ipc://{tmp_path}/f.sock", "--backend", "tcp://127.0.0.1:1")
+    assert code == 1 and "backend: refusing to serve on tcp://127.0.0.1:1" in err
+    assert not (tmp_path / "f.sock").exists()  # the frontend it had bound is gone again
+
+
+def test_serve_connect_refuses_a_broker_over_plain_tcp() -> None:
+    out = subprocess.run([sys.executable, "-m", "executor.cli", "serve", "--tools", POOL_TOOLS, "--connect",
+                          "tcp://127.0.0.1:1"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "refusing to connect" in out.stderr and "--insecure" in out.stderr
-

@@ -95,8 +95,12 @@ def test_load_with_an_executor_killed_and_another_joining_answers_every_call_onc
     assert len(newcomer) == EXECUTORS, "the executor that joined mid-run took calls too"
 
 
+@pytest.mark.parametrize("outage", ["at once", "after the executors notice"])
 def test_broker_killed_and_restarted_mid_run_loses_no_answer_and_runs_nothing_twice(
-        pool: Pool, tmp_path: Path) -> None:
+        pool: Pool, tmp_path: Path, outage: str) -> None:
+    """Restarted at once, the executors' connections come back by themselves and the new broker asks
+    them to announce again; restarted later, they have dropped their connections and reconnect with
+    backoff. Either way they re-announce the calls they hold."""
     log = tmp_path / "side-effects.log"
     pool.start_broker()
     executors = [pool.add_executor(workers=2) for _ in range(2)]
@@ -110,9 +114,9 @@ def test_broker_killed_and_restarted_mid_run_loses_no_answer_and_runs_nothing_tw
         wait_until("four calls running", lambda: (r := pool.status()) is not None and r.busy == 4)
         assert pool.broker is not None
         pool.kill(pool.broker)
-        # The executors notice the silence, drop the connection and back off, holding their results.
-        wait_until("the executors to notice the broker is gone",
-                   lambda: all("has been silent" in pool.log(e) for e in executors), timeout=15)
+        if outage != "at once":  # they drop their connections and back off, holding their results
+            wait_until("the executors to notice the broker is gone",
+                       lambda: all("has been silent" in pool.log(e) for e in executors), timeout=15)
         late = client.submit(Call(tool="work", kwargs={"tag": "late", "log": str(log)}, id=uuid.uuid4().hex))
         pool.start_broker(recovery_s=3.0)  # the default window: executors re-announce what they hold
         results = [f.result(timeout=60) for f in [*futures, late]]
@@ -121,6 +125,9 @@ def test_broker_killed_and_restarted_mid_run_loses_no_answer_and_runs_nothing_tw
     runs = _runs(log)
     assert runs == collections.Counter({f"t{i}": 1 for i in range(8)} | {"late": 1})
     assert all(e.poll() is None for e in executors), "the executors recovered without restarting"
+    if outage == "at once":
+        assert not any("has been silent" in pool.log(e) for e in executors)
+        assert all("announcing again" in pool.log(e) for e in executors)
 
 
 def test_calls_of_an_idempotent_tool_are_rerun_once_elsewhere_when_their_executor_dies(
