@@ -44,7 +44,8 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def _serve(profile: str, workdir: str, workers: int) -> tuple[subprocess.Popen[bytes], _Client]:
-    sock = os.path.join(workdir, f"{profile}.sock")
+    sockdir = tempfile.mkdtemp(prefix="ciayn-bench-sock-")  # mode 0700: the executor refuses any other
+    sock = os.path.join(sockdir, f"{profile}.sock")
     cmd = [sys.executable, "-m", "executor.cli", "serve", "--tools", "executor.selfcheck", "--bind", f"ipc://{sock}",
            "--workers", str(workers), "--profile", profile, "--log-level", "warning", "--workspace", workdir,
            "--parent-pid", str(os.getpid())]
