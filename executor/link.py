@@ -40,13 +40,8 @@ class BrokerLink:
     def __init__(self, ctx: zmq.Context[Any], endpoint: str, *, announce: Callable[[], Ready],
                  curve_server_key: bytes | None = None, curve_keys: tuple[bytes, bytes] | None = None,
                  insecure: bool = False) -> None:
-        if endpoint.startswith("tcp://") and curve_server_key is None:
-            problem = (f"the broker at {endpoint} without CurveZMQ: anyone who can reach that address (on loopback: "
-                       "any local user) can pose as the broker and send this executor calls, or read them")
-            if not insecure:
-                raise EndpointError(f"refusing to connect to {problem}; use --curve-server-key (and "
-                                    "--curve-secret), or pass --insecure")
-            log.warning("connecting insecurely (--insecure) to %s", problem)
+        if not insecure:  # (the executor has checked, and warned, before it started)
+            self.check_endpoint(endpoint, curve=curve_server_key is not None, insecure=False)
         self.endpoint = endpoint
         self.announce = announce
         self.curve = curve_server_key is not None
@@ -69,6 +64,17 @@ class BrokerLink:
         except BaseException:
             sock.close(0)
             raise
+
+    @staticmethod
+    def check_endpoint(endpoint: str, *, curve: bool, insecure: bool) -> None:
+        """Refuse a tcp broker without CurveZMQ unless ``insecure`` (then warn)."""
+        if endpoint.startswith("tcp://") and not curve:
+            problem = (f"the broker at {endpoint} without CurveZMQ: anyone who can reach that address (on loopback: "
+                       "any local user) can pose as the broker and send this executor calls, or read them")
+            if not insecure:
+                raise EndpointError(f"refusing to connect to {problem}; use --curve-server-key (and "
+                                    "--curve-secret), or pass --insecure")
+            log.warning("connecting insecurely (--insecure) to %s", problem)
 
     def describe(self) -> str:
         return f"broker {self.endpoint} (curve: {'on' if self.curve else 'off'})"

@@ -106,11 +106,12 @@ class Supervisor:
         if self.workspace:
             os.environ["CIAYN_WORKSPACE"] = os.path.abspath(self.workspace)
             os.chdir(self.workspace)
-        if not self.connect:
-            try:  # before the template: fail fast
-                RouterEndpoint.check_endpoint(self.endpoint, curve=bool(self.curve_secret), insecure=self.insecure)
-            except EndpointError as e:
-                raise StartupError(str(e)) from None
+        side = BrokerLink if self.connect else RouterEndpoint
+        curve = bool(self.curve_server_key if self.connect else self.curve_secret)
+        try:  # before the template: fail fast
+            side.check_endpoint(self.endpoint, curve=curve, insecure=self.insecure)
+        except EndpointError as e:
+            raise StartupError(str(e)) from None
         self.pool.start_template()  # before any ZeroMQ context exists
         ctx = zmq.Context()
         try:
