@@ -36,25 +36,37 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # controller impo
 import bench_callpath  # noqa: E402
 import bench_ciayn  # noqa: E402
 import bench_faults  # noqa: E402
+import bench_layers  # noqa: E402
 import bench_memory  # noqa: E402
 import bench_pool  # noqa: E402
 import bench_report  # noqa: E402
 import bench_roundtrip  # noqa: E402
 from bench_features import Features  # noqa: E402
-from bench_record import FAILED, failed, log, machine, not_built  # noqa: E402
+from bench_record import FAILED, failed, log, machine, measured, not_built  # noqa: E402
 from bench_sizes import FULL, TINY, Sizes  # noqa: E402
 
 FIGURES = ("ciayn_overhead", "round_trip", "call_path", "recovery", "timeout_precision", "pool_scaling", "memory",
-           "hardened_layers")
+           "hardened_layers", "broker_pool")
 
 
-def hardened_layers(features: Features) -> dict[str, Any]:
-    """The cost of each hardened layer needs a way to turn single layers on from outside; none exists."""
-    if not features.hardened:
-        return not_built(features.missing("hardened"), title="Cost of each hardened layer")
-    return not_built("`--profile hardened` exists, but nothing switches its layers one by one from outside (a "
-                     "per-layer flag or selfcheck timings would do); its total cost is in round_trip and recovery",
-                     title="Cost of each hardened layer")
+BROKER_TITLE = "Broker overhead and scaling (scripts/bench_broker.py --quick)"
+
+
+def broker_pool(features: Features, tmp: str) -> dict[str, Any]:
+    """The pool's own benchmark (scripts/bench_broker.py, issue 12: broker overhead with and without
+    CurveZMQ, scaling through the broker), run as part of the whole. Its figures go into
+    results.json; its own bench-results/pool.json (a full run of it) is left alone."""
+    if not features.broker:
+        return not_built(features.missing("broker"), title=BROKER_TITLE)
+    try:
+        import bench_broker
+    except ImportError as e:
+        return not_built(f"scripts/bench_broker.py cannot be imported ({e})",
+                         title=BROKER_TITLE)
+    # Its --quick size: the full one takes about 50 s here, and pool_scaling already goes to 16 workers.
+    log("broker pool: scripts/bench_broker.py --quick")
+    return measured(title=BROKER_TITLE,
+                    **bench_broker.run(quick=True, out=Path(tmp) / "pool.json"))
 
 
 def figure_makers(features: Features, sizes: Sizes, tmp: str, out: Path) -> dict[str, Callable[[], dict[str, Any]]]:
@@ -66,7 +78,8 @@ def figure_makers(features: Features, sizes: Sizes, tmp: str, out: Path) -> dict
         "timeout_precision": lambda: bench_faults.run_timeouts(sizes),
         "pool_scaling": lambda: bench_pool.run(features, sizes),
         "memory": lambda: bench_memory.run(sizes.memory_calls),
-        "hardened_layers": lambda: hardened_layers(features),
+        "hardened_layers": lambda: bench_layers.run(features, sizes),
+        "broker_pool": lambda: broker_pool(features, tmp),
     }
 
 

@@ -25,23 +25,31 @@ from protocol import Call
 
 
 def crash_recovery(running: Running, rounds: int) -> dict[str, Any]:
+    """``rounds`` crashes, each followed by a no-op call. A round whose crash is not answered
+    ``crashed`` (or whose next call fails) is kept as an anomaly, with its answer, and left out of
+    the timings; the figure fails only if no round went right."""
     crash_answer: list[float] = []
     recovery: list[float] = []
+    anomalies: list[str] = []
     client = running.client
     client.call(Call(tool="noop"))
     for _ in range(rounds):
         t0 = time.perf_counter()
         crashed = client.call(Call(tool="crash"))
         t1 = time.perf_counter()
-        if crashed.error is None or crashed.error.kind != "crashed":
-            raise RuntimeError(f"the crash call was answered {crashed}")
         ok = client.call(Call(tool="noop"))
         t2 = time.perf_counter()
-        if not ok.ok:
-            raise RuntimeError(f"the call after a crash failed: {ok}")
-        crash_answer.append(t1 - t0)
-        recovery.append(t2 - t1)
-    return {"status": MEASURED, "recovery": summarize(recovery, "ms"), "crash_answered": summarize(crash_answer, "ms")}
+        if crashed.error is None or crashed.error.kind != "crashed":
+            anomalies.append(f"the crash call was answered {crashed.error or 'ok'} after {t1 - t0:.2f} s")
+        elif not ok.ok:
+            anomalies.append(f"the call after a crash was answered {ok.error} after {t2 - t1:.2f} s")
+        else:
+            crash_answer.append(t1 - t0)
+            recovery.append(t2 - t1)
+    if not recovery:
+        raise RuntimeError(f"no crash round went right: {anomalies[:3]}")
+    return {"status": MEASURED, "recovery": summarize(recovery, "ms"), "crash_answered": summarize(crash_answer, "ms"),
+            "anomalies": anomalies}
 
 
 def run_recovery(features: Features, sizes: Sizes) -> dict[str, Any]:

@@ -199,7 +199,8 @@ def markdown(results: dict[str, Any], images: str = "") -> str:
     ]
     for key, render in (("round_trip", _md_round_trip), ("call_path", _md_call_path), ("recovery", _md_recovery),
                         ("timeout_precision", _md_timeouts), ("pool_scaling", _md_pool),
-                        ("ciayn_overhead", _md_ciayn), ("memory", _md_memory), ("hardened_layers", _md_layers)):
+                        ("ciayn_overhead", _md_ciayn), ("memory", _md_memory), ("hardened_layers", _md_layers),
+                        ("broker_pool", _md_broker)):
         fig = figs.get(key, {})
         if fig.get("status") != MEASURED:
             lines += [f"**{fig.get('title', key)}**: {fig.get('status', 'missing')}: {fig.get('reason', '')}", ""]
@@ -273,6 +274,8 @@ def _md_recovery(f: dict[str, Any]) -> list[str]:
             continue
         r = e["recovery"]
         rows.append(f"| {e['name']} | {r['p50']:.1f} ms | {r['p90']:.1f} ms | {r['n']} |")
+        for anomaly in e.get("anomalies", []):
+            rows.append(f"| {e['name']}: anomaly | {anomaly} | | |")
     ours = f["entries"]["ours"]["recovery"]["p50"]
     sentence = (f"**What it means:** after a tool crashes its worker, the next call succeeds {ours:.1f} ms later "
                 f"(target 30 ms) because a replacement is forked from a template that already imported the tools; a "
@@ -309,9 +312,14 @@ def _md_pool(f: dict[str, Any]) -> list[str]:
 def _md_ciayn(f: dict[str, Any]) -> list[str]:
     rows = ["| CIAYN step stage | p50 | p90 |", "|---|---|---|"]
     rows += [f"| {k} | {v['p50']:.1f} us | {v['p90']:.1f} us |" for k, v in f["stages_us"].items()]
+    rows += ["", "| `parse_call` on typical model replies (scripts/bench_parse.py) | chars | p50 | p90 |",
+             "|---|---|---|---|"]
+    rows += [f"| {k} | {v['chars']} | {v['median_us']:.1f} us | {v['p90_us']:.1f} us |"
+             for k, v in f["grammar_cases"].items()]
     return [f"**{f['title']}** (`{f['text']}`)", "", *rows, "",
             f"**What it means:** the controller spends {f['step_total_us']:.0f} us per step on its own checks "
-            f"({f['step_total_is']}), nothing next to a model's reply.", ""]
+            f"({f['step_total_is']}), nothing next to a model's reply; the call grammar's own target is a p50 under "
+            "50 us for a typical one-line call.", ""]
 
 
 def _md_memory(f: dict[str, Any]) -> list[str]:
@@ -326,8 +334,30 @@ def _md_memory(f: dict[str, Any]) -> list[str]:
             f"own, since workers are forked from the template and share its pages.", ""]
 
 
+def _md_broker(f: dict[str, Any]) -> list[str]:
+    o, sc = f["overhead"], f["scaling"]
+    rows = ["| per-call overhead (sequential no-op calls, --reuse-workers) | median | p90 |", "|---|---|---|"]
+    rows += [f"| {k} | {_fmt_us(v)} | {_fmt_us(o['p90_us'][k])} |" for k, v in o["median_us"].items()]
+    rows += ["", "| " + " | ".join(f"{k}" for k in sc if isinstance(sc[k], list)) + " |"]
+    lists = [v for v in sc.values() if isinstance(v, list)]
+    rows += ["|" + "---|" * len(lists)]
+    rows += ["| " + " | ".join(str(v[i]) for v in lists) + " |" for i in range(min(len(v) for v in lists))]
+    ratio = o.get("broker_tcp_over_direct_ipc")
+    return [f"**{f['title']}**", "", *rows, "",
+            f"**What it means:** through the broker over tcp a call costs {ratio}x a direct ipc call (issue 12's "
+            "target: at most 2x); the scaling rows are issue 12's own run of a 10 ms tool through the broker from one "
+            "client.",
+            ""]
+
+
 def _md_layers(f: dict[str, Any]) -> list[str]:
-    return [f"**{f['title']}**: {f.get('detail', '')}", ""]
+    rows = ["| executor (no-op call, plain DEALER) | p50 | p99 |", "|---|---|---|"]
+    rows += [f"| {k} | {_fmt_us(v['p50'])} | {_fmt_us(v['p99'])} |" for k, v in f["latency"].items()]
+    rows += [f"| {k} | could not start: {v} | |" for k, v in f["could_not_start"].items()]
+    rows += ["", "| layer | cost per call (p50 difference) |", "|---|---|"]
+    rows += [f"| {k} | {_fmt_us(v) if v is not None else 'n/a'} |" for k, v in f["cost_us"].items()]
+    return [f"**{f['title']}**", "", *rows, "",
+            f"**What it means:** what hardening adds to a call, measured side by side; {f['not_separable']}.", ""]
 
 
 def update_readme(readme: Path, text: str) -> bool:

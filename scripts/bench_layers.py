@@ -1,0 +1,65 @@
+"""The cost of the hardened profile's layers, as far as they can be switched from outside: the whole
+profile (``--profile hardened`` against the default) and the control-group layer (``--no-cgroups``
+in the default profile; the hardened one refuses to run without them). No-op calls through a plain
+DEALER, the four executors in interleaved rounds. The other layers (namespaces, uid, capabilities,
+seccomp, Landlock, read-only mounts) have no switch, so they are not separated."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from typing import Any
+
+from bench_contestants import Dealer
+from bench_executors import direct
+from bench_features import Features
+from bench_record import log, measured, not_built, summarize
+from bench_sizes import Sizes
+
+TITLE = "Cost of the hardened profile and of its control-group layer"
+FLAVOURS: dict[str, tuple[str, list[str]]] = {
+    "default": ("default", []),
+    "default --no-cgroups": ("default", ["--no-cgroups"]),
+    "hardened": ("hardened", []),
+}
+
+
+def run(features: Features, sizes: Sizes) -> dict[str, Any]:
+    if not features.hardened:
+        return not_built(features.missing("hardened"), title=TITLE)
+    times: dict[str, list[float]] = {name: [] for name in FLAVOURS}
+    failures: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        dealers: dict[str, tuple[Dealer, int]] = {}
+        for name, (profile, extra) in FLAVOURS.items():
+            try:
+                running = stack.enter_context(direct(workers=1, profile=profile, extra=extra))
+                dealer = Dealer(running.endpoint, name)
+                stack.callback(dealer.close)
+                n = max(2, int(sizes.path_block_s / max(1e-6, statistics.median(dealer.block(3)))))
+                dealers[name] = (dealer, n)
+            except Exception as e:  # e.g. hardened refuses to start without a layer
+                failures[name] = " ".join(f"{type(e).__name__}: {e}".split())
+        rounds = max(2, sizes.path_rounds // 2)
+        log(f"hardened layers: {rounds} interleaved rounds of {', '.join(dealers)}")
+        for _ in range(rounds):
+            for name, (dealer, n) in dealers.items():
+                times[name] += dealer.block(n)
+    latency = {name: summarize(t) for name, t in times.items() if t}
+
+    def diff(a: str, b: str) -> float | None:
+        if a in latency and b in latency:
+            return round(float(latency[a]["p50"]) - float(latency[b]["p50"]), 1)
+        return None
+
+    return measured(
+        title=TITLE,
+        latency=latency,
+        could_not_start=failures,
+        cost_us={
+            "hardened profile over default (p50)": diff("hardened", "default"),
+            "cgroups layer, default profile (p50)": diff("default", "default --no-cgroups"),
+        },
+        not_separable="namespaces (pid, mount, net), another uid, dropped capabilities, seccomp, Landlock and the "
+                      "read-only mounts have no switch of their own, so their costs are not measured one by one",
+    )
