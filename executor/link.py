@@ -17,6 +17,7 @@ stop with the broker's reason.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import time
@@ -25,7 +26,7 @@ from typing import Any
 
 import zmq
 
-from executor.endpoint import RECV_BATCH, SHUTDOWN_LINGER_MS, EndpointError, Incoming
+from executor.endpoint import OUTBOX_BYTES, OUTBOX_RETRY, RECV_BATCH, SHUTDOWN_LINGER_MS, EndpointError, Incoming
 from protocol import MAX_FRAME_BYTES, Bye, Heartbeat, ProtocolError, Ready, decode, encode
 from protocol.timing import HEARTBEAT_INTERVAL, PEER_EXPIRY, backoff
 
@@ -54,6 +55,8 @@ class BrokerLink:
 
             secure_client(sock, curve_server_key, curve_keys)
         self.socket = sock
+        self.outbox: collections.deque[list[bytes]] = collections.deque()
+        self.outbox_bytes = 0
         self.attempt = 0  # reconnections since the broker last answered
         self.reconnect_at = 0.0  # while disconnected: when to connect again
         self.next_heartbeat = 0.0
@@ -120,10 +123,40 @@ class BrokerLink:
             yield BROKER, msg
 
     def send(self, route: bytes, frames: list[bytes]) -> None:
-        """Frames to the broker; dropped while disconnected (a result then waits in the call table's
-        cache for the client to resend its id through the next broker)."""
-        with contextlib.suppress(zmq.ZMQError):
-            self.socket.send_multipart(frames, zmq.NOBLOCK)
+        """Frames to the broker. While the connection's pipe is full they wait in a bounded outbox (no
+        answer is dropped by a high-water mark); while disconnected they are dropped: a result then
+        waits in the call table's cache for the client to resend its id through the next broker."""
+        if self.reconnect_at:
+            return
+        if not self.outbox:
+            try:
+                self.socket.send_multipart(frames, zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                pass
+            except zmq.ZMQError:
+                return
+        self.outbox.append(frames)
+        self.outbox_bytes += sum(len(f) for f in frames)
+        if self.outbox_bytes > OUTBOX_BYTES:
+            log.warning("the broker at %s does not read what this executor sends: dropped %d held messages; "
+                        "results stay in the result cache for a resend", self.endpoint, len(self.outbox))
+            self._clear_outbox()
+
+    def _flush(self) -> None:
+        while self.outbox:
+            try:
+                self.socket.send_multipart(self.outbox[0], zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                self._clear_outbox()
+                return
+            self.outbox_bytes -= sum(len(f) for f in self.outbox.popleft())
+
+    def _clear_outbox(self) -> None:
+        self.outbox.clear()
+        self.outbox_bytes = 0
 
     def tick(self, now: float) -> float:
         """Heartbeats, the broker's liveness, reconnection. Returns seconds until it is next due."""
@@ -139,12 +172,16 @@ class BrokerLink:
             self.attempt += 1
             with contextlib.suppress(zmq.ZMQError):
                 self.socket.disconnect(self.endpoint)  # drops what is queued for the dead connection
+            self._clear_outbox()
             self.reconnect_at = now + wait
             return wait
+        self._flush()
         if now >= self.next_heartbeat:
             self.next_heartbeat = now + HEARTBEAT_INTERVAL
-            self.send(BROKER, encode(Heartbeat(executor=self.executor)))
-        return max(0.0, min(self.next_heartbeat, self.last_heard + PEER_EXPIRY) - now)
+            if not self.outbox:  # a full pipe is sign enough of life
+                self.send(BROKER, encode(Heartbeat(executor=self.executor)))
+        due = min(self.next_heartbeat, self.last_heard + PEER_EXPIRY) - now
+        return max(0.0, min(due, OUTBOX_RETRY) if self.outbox else due)
 
     def close(self) -> None:
         if not self.reconnect_at:
