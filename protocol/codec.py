@@ -173,6 +173,17 @@ def _no_extensions(code: int, data: bytes) -> Any:
     raise _Refused(f"msgpack extension types are not allowed (found type {code})")
 
 
+def unpack(body: bytes) -> Any:
+    """msgpack ``body`` as a value, bounded in work: the element budget, nesting, str keys only, no
+    extension types (``ValueError`` when a bound is passed; msgpack's own exceptions for malformed
+    input). For any msgpack an untrusted peer sends, not only message bodies (e.g. what a worker,
+    which shares its process with tool code, replies)."""
+    try:
+        return _unpack(body)
+    except _Refused as e:
+        raise ValueError(str(e)) from None
+
+
 def _unpack(body: bytes) -> Any:
     hooks = _Unpacking()
     collecting = gc.isenabled()
