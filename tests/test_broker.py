@@ -18,7 +18,7 @@ import zmq
 from controller import ExecutorClient
 from executor.cli import main
 from executor.status import fetch
-from protocol import Call, Result, decode, encode
+from protocol import Call, Heartbeat, Limits, Param, Ready, Result, ToolSpec, decode, encode
 from tests.pool import ALPHA, BETA, CONFLICT, POOL_TOOLS, ROOT, Pool, free_port, wait_until
 
 SLOW = 0.4  # seconds a call of the fairness test takes
@@ -203,6 +203,58 @@ def test_a_client_resending_an_id_through_the_broker_gets_the_first_answer(pool:
         ctx.destroy(0)
     assert len(answers) == 3 and all(isinstance(a, Result) and a.ok and a.id == call.id for a in answers)
     assert log.read_text().split() == ["once", log.read_text().split()[1]]
+
+
+def test_an_executor_cannot_answer_a_call_it_was_not_given_and_a_silent_one_is_dropped(pool: Pool) -> None:
+    """Two fake executors on raw sockets: the one not given the call forges its answer (ignored); the
+    one given it falls silent, and the call is answered `unavailable`, saying it may have run."""
+    pool.start_broker()
+    spec = ToolSpec(name="echo", signature="(x)", params=[Param(name="x")])
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        fakes = {}
+        for name in ("ex1", "ex2"):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(pool.backend)
+            sock.send_multipart(encode(Ready(executor=name, incarnation=1, tools=[spec], limits=Limits())))
+            fakes[name] = sock
+
+        def beat(*names: str) -> None:
+            for name in names:
+                fakes[name].send_multipart(encode(Heartbeat(executor=name)))
+
+        def joined() -> bool:
+            beat("ex1", "ex2")
+            return (r := pool.status(timeout=0.5)) is not None and len(r.executors) == 2
+
+        wait_until("the fake executors to join", joined)
+        with ExecutorClient(pool.frontend) as client:
+            future = client.submit(Call(tool="echo", args=[1]))
+            given = None
+            deadline = time.monotonic() + 10
+            while given is None and time.monotonic() < deadline:
+                beat("ex1", "ex2")
+                for name, sock in fakes.items():
+                    while sock.poll(0):
+                        msg = decode(sock.recv_multipart())
+                        if isinstance(msg, Call):
+                            given = (name, msg)
+                    time.sleep(0.05)
+            assert given is not None, "the broker sent the call to neither executor"
+            holder, call = given
+            [forger] = [n for n in fakes if n != holder]
+            fakes[forger].send_multipart(encode(Result(id=call.id or "", ok=True, value="forged")))
+            started = time.monotonic()
+            while not future.done() and time.monotonic() - started < 10:
+                beat(forger)  # it stays; the holder has gone silent
+                time.sleep(0.2)
+            r = future.result(timeout=1)
+    finally:
+        ctx.destroy(0)
+    assert not r.ok and r.error is not None and r.error.kind == "unavailable", r
+    assert "fell silent" in r.error.message and "may have run" in r.error.message
+    assert r.value != "forged"
 
 
 def test_a_restarted_broker_is_silent_long_enough_for_clients_to_resend_but_not_to_give_up() -> None:
