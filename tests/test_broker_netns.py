@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,13 +88,13 @@ def test_broker_executors_and_controller_on_separate_hosts_over_tcp_with_curve(
                               "--curve-server-key", str(broker_pub), prefix=on(host))
         curve = ["--curve-server-key", str(broker_pub), "--curve-key", str(tmp_path / "clients" / "ctl.key_secret")]
 
-        def status() -> dict[str, object] | None:
+        def status() -> dict[str, Any] | None:
             out = subprocess.run([*on("ctl"), sys.executable, "-m", "executor.cli", "status", pool.frontend, "--json",
                                   "--timeout", "2", *curve], cwd=ROOT, capture_output=True, text=True, timeout=30)
             return json.loads(out.stdout) if out.returncode == 0 else None
 
         wait_until("both executors to join across the veth pairs",
-                   lambda: (r := status()) is not None and len(r["executors"]) == 2)  # type: ignore[arg-type]
+                   lambda: (r := status()) is not None and len(r["executors"]) == 2)
         out = tmp_path / "ctl.jsonl"
         ctl = subprocess.run([*on("ctl"), sys.executable, str(ROOT / "tests" / "tools" / "pool_controller.py"),
                               pool.frontend, "ctl", "40", str(tmp_path / "side.log"), str(out), "8",
@@ -105,7 +106,7 @@ def test_broker_executors_and_controller_on_separate_hosts_over_tcp_with_curve(
         assert len(answers) == 40 and all(a["ok"] and a["got_tag"] == a["tag"] for a in answers)
         report = status()
         assert report is not None
-        served = [e["served"] for e in report["executors"]]  # type: ignore[union-attr, index]
+        served = [e["served"] for e in report["executors"]]
         assert sum(served) == 40 and all(n > 0 for n in served), served
         assert pool.broker is not None
         assert "without CurveZMQ" not in pool.log(pool.broker)
