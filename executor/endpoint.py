@@ -38,8 +38,9 @@ SHUTDOWN_LINGER_MS = 500
 RECV_BATCH = 1000  # messages taken per wake-up, so deadlines and workers are served in between...
 RECV_BUDGET_S = 0.02  # ...and seconds spent taking them (a decode costs up to tens of milliseconds)
 HANDSHAKE_IVL_MS = 5000  # a connection that has not completed the ZMTP (and Curve) handshake is closed
+SEND_HWM = 64  # messages libzmq queues for one client; beyond, answers wait in its outbox (counted in bytes)
 OUTBOX_BYTES = 256 * 1024 * 1024  # answers held for one client whose pipe is full, at most
-OUTBOX_RETRY = 0.05  # seconds between attempts to send held answers
+OUTBOX_RETRY = 0.01  # seconds between attempts to send held answers
 
 
 class EndpointError(Exception):
@@ -91,6 +92,7 @@ class RouterEndpoint:
         bound_socket(sock)
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a client reconnecting under its routing id takes it over
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full pipe raises Again instead of dropping the answer
+        sock.setsockopt(zmq.SNDHWM, SEND_HWM)  # libzmq counts messages, not bytes: keep its share small
         sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
         if curve_secret:
             from protocol.curve import CurveError, secure_server
