@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 import zmq
 
+from executor.calls import fingerprint
 from executor.endpoint import EndpointError, RouterEndpoint
 from executor.metrics import CallStats, MetricsServer
 from protocol import (
@@ -65,7 +66,6 @@ from protocol import (
     ToolSpec,
     Welcome,
     encode,
-    fingerprint,
 )
 from protocol.timing import HEARTBEAT_INTERVAL, PEER_EXPIRY, RECOVERY_WINDOW
 
@@ -91,7 +91,7 @@ class Job:
 
     call: Call
     frames: list[bytes]  # the call, encoded once, forwarded to whichever executor runs it
-    key: str  # what a resend of its id must match (tool, arguments, timeout)
+    key: int  # what a resend of its id must match (tool, arguments, timeout)
     client: bytes  # the route it came from: its fair-queue key
     waiters: list[bytes]
     spec: ToolSpec | None  # None while the broker is recovering and no executor announced the tool
@@ -160,7 +160,7 @@ class Broker:
         self.jobs: dict[str, Job] = {}
         self.queues: collections.OrderedDict[bytes, collections.deque[Job]] = collections.OrderedDict()
         self.queued = 0
-        self.cache: collections.OrderedDict[str, tuple[list[bytes], str]] = collections.OrderedDict()
+        self.cache: collections.OrderedDict[str, tuple[list[bytes], int | None]] = collections.OrderedDict()
         self.cache_bytes = 0
         self.locations: collections.OrderedDict[str, tuple[str, float]] = collections.OrderedDict()
         self.hellos: list[tuple[bytes, float]] = []  # waiting for the first executor
@@ -353,7 +353,7 @@ class Broker:
         key = _key(call)
         cached = self.cache.get(cid)
         job = self.jobs.get(cid)
-        if (cached is not None and cached[1] not in ("", key)) or (job is not None and job.key != key):
+        if (cached is not None and cached[1] not in (None, key)) or (job is not None and job.key != key):
             self._send_frontend(route, Result.failure(cid, "protocol", f"id {cid} already used for a different call"))
             return
         if cached is not None:
@@ -609,7 +609,7 @@ class Broker:
                 self._unqueue(job)
                 self._finish(job, result, frames)
             elif job is None:
-                self._remember(cid, frames, "")  # the key is unknown: only a resend of the same id reaches it
+                self._remember(cid, frames, None)  # the key is unknown: only a resend of the same id reaches it
             return
         if job is None or job.member is not member:
             log.debug("executor %s answered call %s, which it was not running; ignored", member.id, cid)
@@ -665,7 +665,7 @@ class Broker:
         result.executor = self.broker_id
         self._send_frames_frontend(route, _encode(result))
 
-    def _remember(self, cid: str, frames: list[bytes], key: str) -> None:
+    def _remember(self, cid: str, frames: list[bytes], key: int | None) -> None:
         if not cid:
             return
         replaced = self.cache.pop(cid, None)
@@ -674,7 +674,7 @@ class Broker:
         self.cache[cid] = (frames, key)
         self.cache_bytes += sum(len(f) for f in frames)
         while len(self.cache) > RESULT_CACHE_SIZE or self.cache_bytes > RESULT_CACHE_BYTES:
-            _, (dropped, _key) = self.cache.popitem(last=False)
+            _, (dropped, _) = self.cache.popitem(last=False)
             self.cache_bytes -= sum(len(f) for f in dropped)
 
     def _send_frontend(self, route: bytes, msg: Any) -> None:
@@ -708,9 +708,10 @@ class Broker:
                       tools=self.stats.tool_stats())
 
 
-def _key(call: Call) -> str:
-    """What identifies a call apart from its id: a resend of the id must carry the same."""
-    return f"{fingerprint(call)}/{call.timeout!r}"
+def _key(call: Call) -> int:
+    """What identifies a call apart from its id (as the executor's call table sees it): a resend of
+    the id must carry the same tool, arguments and timeout."""
+    return fingerprint(call)[1]
 
 
 def _spec_of(member: Member, name: str) -> ToolSpec | None:

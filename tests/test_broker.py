@@ -199,9 +199,15 @@ def test_a_client_resending_an_id_through_the_broker_gets_the_first_answer(pool:
         assert second.poll(5_000)
         answers.append(decode(second.recv_multipart()))
         assert not first.poll(200), "a resend from the same client is answered once"
+        other = call.model_copy(update={"kwargs": {"tag": "other"}})  # the same id for another call
+        first.send_multipart(encode(other))
+        assert first.poll(5_000)
+        refused = decode(first.recv_multipart())
     finally:
         ctx.destroy(0)
     assert len(answers) == 3 and all(isinstance(a, Result) and a.ok and a.id == call.id for a in answers)
+    assert isinstance(refused, Result) and refused.error is not None and refused.error.kind == "protocol"
+    assert "already used for a different call" in refused.error.message
     assert log.read_text().split() == ["once", log.read_text().split()[1]]
 
 
