@@ -184,6 +184,9 @@ class Broker:
                                          ("backend", self.backend_endpoint, self.curve_executors)):
             if allowed and not self.curve_secret:
                 raise BrokerError(f"a {which} key directory needs --curve-secret (the broker's own key)")
+            if which == "backend" and self.curve_secret and not allowed and not self.insecure:
+                raise BrokerError("with --curve-secret the backend needs --curve-executors DIR: otherwise any key "
+                                  "could join as an executor, read every call and answer it (or pass --insecure)")
             ctx: zmq.Context[Any] = zmq.Context()
             self.contexts.append(ctx)
             try:

@@ -165,7 +165,8 @@ def _add_broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     broker.add_argument("--curve-clients", metavar="DIR",
                         help="CurveZMQ: admit on the frontend only controllers whose public key is in DIR")
     broker.add_argument("--curve-executors", metavar="DIR",
-                        help="CurveZMQ: admit on the backend only executors whose public key is in DIR")
+                        help="CurveZMQ: admit on the backend only executors whose public key is in DIR (required "
+                        "with --curve-secret: an executor sees every call it is sent and answers it)")
     broker.add_argument("--max-queue", type=_positive(int), default=65536,
                         help="calls waiting in the broker before new ones are refused (default: 65536)")
     broker.add_argument("--recovery-s", type=float, default=RECOVERY_WINDOW,

@@ -19,6 +19,7 @@ from controller import ExecutorClient
 from executor.cli import main
 from executor.status import fetch
 from protocol import Call, Heartbeat, Limits, Param, Ready, Result, ToolSpec, decode, encode
+from protocol.curve import keygen
 from tests.pool import ALPHA, BETA, CONFLICT, POOL_TOOLS, ROOT, Pool, free_port, wait_until
 
 SLOW = 0.4  # seconds a call of the fairness test takes
@@ -295,6 +296,10 @@ def test_cli_refuses_contradictory_pool_options(tmp_path: Path, capsys: pytest.C
     code, err = run("broker", "--frontend", f"ipc://{tmp_path}/f.sock", "--backend", "tcp://127.0.0.1:1")
     assert code == 1 and "backend: refusing to serve on tcp://127.0.0.1:1" in err
     assert not (tmp_path / "f.sock").exists()  # the frontend it had bound is gone again
+    _, sec = keygen(tmp_path / "keys", "broker")
+    code, err = run("broker", "--frontend", f"ipc://{tmp_path}/f.sock", "--backend", f"ipc://{tmp_path}/b.sock",
+                    "--curve-secret", str(sec))
+    assert code == 1 and "needs --curve-executors" in err
 
 
 def test_serve_connect_refuses_a_broker_over_plain_tcp() -> None:
