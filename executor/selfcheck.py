@@ -23,6 +23,7 @@ import resource
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -404,6 +405,63 @@ def lazy_import() -> str:
 
 
 @tool
+def connect_found_sockets(max_entries: int = 300_000) -> list[str]:
+    """Walk its view (not /proc, nor /usr: packaged files) for path-based UNIX sockets and connect to
+    each found; the last entry says how many entries were looked at."""
+    found: list[str] = []
+    seen = 0
+    for top, dirs, files in os.walk("/", onerror=lambda e: None):
+        if top == "/":
+            dirs[:] = [d for d in dirs if d not in ("proc", "usr")]
+        for name in dirs + files:
+            seen += 1
+            path = os.path.join(top, name)
+            with contextlib.suppress(OSError):
+                if os.path.isfile(path) or os.path.isdir(path) or os.path.islink(path):
+                    continue
+                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                    found.append(path)
+        if seen > max_entries:
+            break
+    return [connect_unix(p).replace("denied", f"denied {p}") for p in found] + [f"denied: looked at {seen} entries"]
+
+
+@tool
+def connect_abstract(name: str) -> str:
+    """Connect to an abstract UNIX socket the host listens on."""
+    def connect() -> str:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect("\0" + name)
+            return f"connected to @{name}"
+    return _attempt(connect)
+
+
+@tool
+def kill_everything() -> str:
+    """kill(-1, SIGKILL): every process it may signal (then returns, if it is still alive). Only as
+    PID 1 of a namespace of its own: anywhere else this would kill every process of its user."""
+    if os.getpid() != 1:
+        return "NOT TRIED: not PID 1 of its own PID namespace"
+
+    def kill_all() -> str:
+        os.kill(-1, signal.SIGKILL)
+        return "sent SIGKILL to -1"
+    return _attempt(kill_all)
+
+
+@tool
+def inherited_descriptors() -> list[str]:
+    """What each of its descriptors points at, besides stdio (0-2) and the one listing /proc/self/fd."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if int(fd) > 2 and not target.startswith("/proc/"):
+                out.append(f"{fd} -> {target}")
+    return out
+
+
+@tool
 def hold(seconds: float) -> str:
     """Sleep (a call whose worker the others try to reach)."""
     time.sleep(seconds)
@@ -438,6 +496,7 @@ class Context:
     udp_port: int
     token: str
     secret: str
+    abstract: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -521,6 +580,14 @@ ATTEMPTS: tuple[Attempt, ...] = (
             _errno_in("EPERM")),
     Attempt("filesystem", "connect to the executor's socket", "ENOENT", "connect_unix",
             lambda c: {"path": c.sock_path}),
+    Attempt("filesystem", "connect to every UNIX socket in its view", "none found, or refused", "connect_found_sockets",
+            lambda c: {}),
+    Attempt("net-ns, landlock", "connect to the host's abstract UNIX socket", "ECONNREFUSED/EPERM",
+            "connect_abstract", lambda c: {"name": c.abstract}),
+    Attempt("pid-ns", "kill every process it may (kill -1)", "only its own; the executor serves on",
+            "kill_everything", lambda c: {}, lambda o: "NOT TRIED" not in o, host_check=lambda c: _executor_gone(c)),
+    Attempt("worker integrity", "hold a descriptor besides stdio and its channel", "one socket (the channel)",
+            "inherited_descriptors", lambda c: {}, lambda o: len(o) == 1 and "socket:" in o[0]),
     Attempt("seccomp", "call the denied system calls", "all EPERM", "forbidden_syscalls", lambda c: {},
             lambda o: o == []),
     Attempt("seccomp", "open netlink, packet and raw sockets", "EPERM", "special_sockets", lambda c: {}),
@@ -536,6 +603,17 @@ ATTEMPTS: tuple[Attempt, ...] = (
     Attempt("filesystem", "import a module only inside a call (interpreter readable)", "works", "lazy_import",
             lambda c: {}, lambda o: isinstance(o, str) and o.endswith("ok")),
 )
+
+
+def _executor_gone(c: Context) -> str | None:
+    """After kill -1 inside: the supervisor, the template and the sibling's call must be alive."""
+    dead = []
+    for what, pid in (("supervisor", c.supervisor), ("template", c.template), ("sibling worker", c.sibling)):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            dead.append(what)
+    return f"KILLED on the host: {', '.join(dead)}" if dead else None
 
 
 def _shm_left(token: str) -> str | None:
@@ -651,6 +729,10 @@ class Target:
         self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.udp.bind(("127.0.0.1", 0))
         self.udp.setblocking(False)
+        self.abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        abstract_name = f"ciayn-selfcheck-{uuid.uuid4().hex[:12]}"
+        self.abstract.bind("\0" + abstract_name)
+        self.abstract.listen()
         secret = f"sk-{uuid.uuid4().hex}"
         cmd = [sys.executable, "-m", "executor.cli", "serve", "--profile", "hardened", "--skip-selfcheck",
                "--tools", "executor.selfcheck", "--bind", endpoint, "--workers", str(self.workers),
@@ -676,7 +758,7 @@ class Target:
             self.ctx = Context(endpoint=endpoint, sock_path=sock_path, workspace=workspace, supervisor=self.proc.pid,
                                template=template, sibling=_busy_worker(template, psutil), controller=os.getpid(),
                                tcp_port=self.tcp.getsockname()[1], udp_port=self.udp.getsockname()[1],
-                               token=uuid.uuid4().hex[:12], secret=secret)
+                               token=uuid.uuid4().hex[:12], secret=secret, abstract=abstract_name)
         except BaseException:
             self._stop()
             raise
@@ -704,6 +786,7 @@ class Target:
             self.proc.wait()
         self.tcp.close()
         self.udp.close()
+        self.abstract.close()
 
     def __exit__(self, *exc: object) -> None:
         self._stop()
