@@ -77,9 +77,12 @@ class ProtocolError(ValueError):
 
     def reply(self) -> Result | Pong:
         """The reply a receiver sends back: a ``pong`` carrying the error for a malformed ping (so the
-        pinger can match it), else a ``result``."""
+        pinger can match it), a ``result`` with the call's id for a malformed call, else a ``result``
+        with id "" (so that it can never be taken for the answer to a call)."""
         if self.about == "ping":
             return Pong(nonce=self.nonce or 0, error=self.error)
+        if self.about not in ("call", ""):
+            return Result(id="", ok=False, error=self.error)
         return self.result()
 
 
