@@ -528,6 +528,9 @@ class Sandbox:
                 (group / "cpu.cfs_quota_us").write_text(str(max(1000, int(period * self.config.cpu_cores))))
                 self.cpu_group = group
         if "pid-ns" in self.names:
+            # Back to its own namespace first, in case a fork failed after the last unshare (a second
+            # unshare(CLONE_NEWPID) before any child would be refused with EINVAL).
+            _check("pid-ns", "setns back", _libc.setns(self.own_pidns, CLONE_NEWPID))
             _check("pid-ns", "unshare(CLONE_NEWPID)", _libc.unshare(CLONE_NEWPID))
 
     def after_fork(self, pid: int) -> None:

@@ -319,3 +319,25 @@ def test_stopping_the_workers_forked_for_later_calls_is_impossible(hardened_atta
         r = client.call(Call(tool="echo", args=[i]))
         assert r.ok and r.value == i, f"an innocent call paid for the attack: {r.error}"
     _answers_ping(hardened_attacks)
+
+
+def test_a_fork_that_failed_after_the_pid_namespace_was_prepared_does_not_wedge_the_template(tmp_path: Path) -> None:
+    """``before_fork`` twice with no fork between (as when ``os.fork`` raised EAGAIN): the next
+    worker is still PID 1 of a namespace of its own. Run in a child: it plays the template."""
+    tmp_path.chmod(0o755)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            sandbox = hardening.Sandbox(hardening.HardenedConfig(workspace=str(tmp_path)),
+                                        tuple(layer for layer in hardening.LAYERS if layer.name == "pid-ns"))
+            sandbox.before_fork()
+            sandbox.before_fork()  # the fork in between "failed"
+            child = os.fork()
+            if child == 0:
+                os._exit(0 if os.getpid() == 1 else 1)
+            sandbox.after_fork(child)
+            code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
