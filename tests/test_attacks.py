@@ -229,6 +229,43 @@ def test_an_alarm_armed_for_the_next_call_never_fires_in_it(executor: LocalExecu
     held(executor)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE: the workers forked ahead for later calls run as the same user as the call that is running, so its "
+    "tool may ptrace them: it SIGSTOPs them, copies their channel with pidfd_getfd(pidfd_open(pid), fd), answers "
+    "its own call with a forged reply (so the next call is dispatched at once) and stays the RETIRE_GRACE it is "
+    "given: it reads the next calls' requests (tool and arguments of whoever sent them) and answers them with "
+    "its values, which the supervisor accepts (right channel, right seq). Reproduce: workers=2, call "
+    "attacks.hijack_next_worker(log), then echo('innocent 0'), echo('innocent 1'): both return 'hijacked'. "
+    "PR_SET_DUMPABLE 0 in workers would stop this for a non-root executor, not for root (CAP_SYS_PTRACE)."))
+def test_a_tool_cannot_take_over_the_workers_forked_for_later_calls(
+    make_client: Callable[..., ExecutorClient], tmp_path: Path
+) -> None:
+    client = make_client(tools=[ATTACKS], timeout=TIMEOUT, workers=2)
+    seen = tmp_path / "requests-the-hijacker-read.log"
+    attack = client.call(Call(tool="hijack_next_worker", kwargs={"log": str(seen), "seconds": 5.0}))
+    assert attack.ok or attack.error is not None
+    for i in range(3):
+        r = client.call(Call(tool="echo", args=[f"innocent {i}"]))
+        assert r.ok and r.value == f"innocent {i}", f"a later call was answered by the attacker: {r}"
+    assert not seen.exists(), f"the attacker read later requests: {seen.read_text()!r}"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE: a tool SIGSTOPs the workers forked ahead for later calls (same user: nothing stops it); the next "
+    "calls are handed to those stopped processes and end `timeout` after their full time limit although they "
+    "did nothing wrong. Reproduce: workers=2, call attacks.stop_next_workers(), then two echo calls: both "
+    "time out."))
+def test_stopping_the_workers_forked_for_later_calls_costs_no_later_call(
+    make_client: Callable[..., ExecutorClient],
+) -> None:
+    client = make_client(tools=[ATTACKS], timeout=2.0, workers=2)
+    stopped = client.call(Call(tool="stop_next_workers"))
+    assert stopped.ok and stopped.value, stopped  # the premise: there were workers forked ahead to stop
+    for i in range(2):
+        r = client.call(Call(tool="echo", args=[i]))
+        assert r.ok and r.value == i, f"an innocent call paid for the attack: {r.error}"
+
+
 # --------------------------------------------------------------------------------- inherited handles
 
 
@@ -328,16 +365,35 @@ def test_killing_the_template_costs_one_call_and_the_executor_recovers(
     executor: LocalExecutor, client: ExecutorClient, tmp_path: Path
 ) -> None:
     old = template_pid(client)
+    assert_tree_is_supervisor_template_and(executor, None)  # no worker exit (and sweep) races the attack
     pid_file = tmp_path / "clone.pid"
     r = client.call(Call(tool="kill_template", kwargs={"pid_file": str(pid_file)}))
     assert r.ok or (r.error is not None and r.error.kind == "crashed"), r  # it races its own worker's death
-    for i in range(3):
-        after = client.call(Call(tool="echo", args=[i]))
-        assert after.ok and after.value == i, after
+    # The next call may be lost to the race below (test_the_call_after_a_template_kill_succeeds); the
+    # executor must not be: it answers, and calls succeed again at once.
+    wait_until("a call to succeed after the template was killed",
+               lambda: client.call(Call(tool="echo", args=["after"])).value == "after", timeout=GRACE)
+    assert executor.proc is not None and executor.proc.poll() is None
     assert template_pid(client) != old and not _alive(old)
-    orphan = int(pid_file.read_text())  # the template's CLONE_PARENT child went to the supervisor
+    orphan = int(pid_file.read_text().split(":")[0])  # the template's CLONE_PARENT child went to the supervisor
     wait_until("the dead template's CLONE_PARENT child to be killed", lambda: not _alive(orphan), timeout=GRACE)
     held(executor)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE (race, about 1 round in 3 here): a tool SIGKILLs the template and returns; its reply reaches the "
+    "client before the template's death is seen, the client sends the next call, and the supervisor hands it to "
+    "the worker forked ahead, which the template's death kills (PR_SET_PDEATHSIG): the innocent call is answered "
+    "`crashed` (\"the executor's template process died; the worker running this call was killed with it\"). "
+    "Reproduce: loop { call attacks.kill_template(); call echo(n) } - about 9 echo calls in 30 fail."))
+def test_the_call_after_a_template_kill_succeeds(executor: LocalExecutor, client: ExecutorClient) -> None:
+    lost = []
+    for n in range(20):
+        client.call(Call(tool="kill_template"))
+        after = client.call(Call(tool="echo", args=[n]))
+        if not after.ok:
+            lost.append(after.error)
+    assert not lost, f"{len(lost)} of 20 innocent calls sent right after the attack failed: {lost[0]}"
 
 
 def test_a_stopped_template_is_replaced_and_calls_are_answered_within_a_bound(
@@ -390,8 +446,8 @@ def test_a_child_left_in_uninterruptible_sleep_does_not_wedge_the_executor(
     client = make_client(tools=[ATTACKS], timeout=TIMEOUT)
     _, took = timed(client, "freeze_child", timeout=1.0, group=str(freezer))
     assert took < 1.0 + KILL_GRACE + GRACE, f"the call that left the child was answered after {took:.1f} s"
-    for i in range(3):
-        after, took = timed(client, "echo", value=i)
+    for i in range(3):  # a call's limit long enough for a template replacement, short enough to fail fast
+        after, took = timed(client, "echo", timeout=TEMPLATE_ANSWER_TIMEOUT + 1, value=i)
         assert after.ok and after.value == i, after
         assert took < TEMPLATE_ANSWER_TIMEOUT + GRACE, f"call {i} took {took:.1f} s"
     held(client.local)  # type: ignore[attr-defined]
@@ -408,7 +464,7 @@ def test_a_template_that_cannot_be_killed_is_abandoned_and_replaced(
     frozen = client.call(Call(tool="freeze_template", kwargs={"group": str(freezer)}))
     assert frozen.ok, frozen.error
     for i in range(3):
-        after, took = timed(client, "echo", value=i)
+        after, took = timed(client, "echo", timeout=TEMPLATE_ANSWER_TIMEOUT + KILL_GRACE + 1, value=i)
         assert after.ok and after.value == i, after
         assert took < TEMPLATE_ANSWER_TIMEOUT + KILL_GRACE + GRACE, f"call {i} took {took:.1f} s"
     wire = Wire(client.local.endpoint)  # type: ignore[attr-defined]
@@ -471,15 +527,23 @@ def test_clone_parent_children_do_not_outlive_the_call(
     make_client: Callable[..., ExecutorClient], options: dict[str, Any]
 ) -> None:
     client = make_client(tools=[ATTACKS], timeout=TIMEOUT, **options)
+    local: LocalExecutor = client.local  # type: ignore[attr-defined]
     template = template_pid(client)
+    # Wait for the worker of that call to be gone: the template's sweep at its exit would otherwise
+    # kill the clones while the attack is still making them (which is a defense, but hides the premise).
+    assert_tree_is_supervisor_template_and(local, None if not options.get("reuse_workers") else
+                                           client.call(Call(tool="whoami")).value["pid"])
     r = client.call(Call(tool="clone_parent_chain", kwargs={"depth": 3}))
-    assert r.ok and len(r.value) == 3, r
-    assert all(c["ppid"] == template for c in r.value), f"the premise: children of the template, {r.value}"
+    # The template may sweep the chain before it is complete (a reused worker's previous call ends with a
+    # sweep): that is the defense working; the premise needs only one clone seen as the template's child.
+    assert r.ok and r.value, r
+    assert any(c["ppid"] == template for c in r.value), f"the premise: children of the template, {r.value}"
+    assert all(c["ppid"] in (template, 0) for c in r.value), r.value  # 0: already killed
     pids = [c["pid"] for c in r.value]
     wait_until("the CLONE_PARENT children to be killed", lambda: not any(_alive(p) for p in pids), timeout=GRACE)
     after = client.call(Call(tool="whoami"))
     assert after.ok and after.worker is not None
-    held(client.local, after.worker.pid if options.get("reuse_workers") else None)  # type: ignore[attr-defined]
+    held(local, after.worker.pid if options.get("reuse_workers") else None)
 
 
 # ------------------------------------------------------------------- oversized errors, signals, floods
@@ -594,8 +658,9 @@ def test_exactly_one_group_per_live_worker_after_crashes(make_client: Callable[.
     assert client.welcome is not None and local.proc is not None
     prefix = f"ciayn-{client.welcome.executor}-"
     parents = {p for p in (support.memory_parent, support.pids_parent, support.kill_parent) if p is not None}
-    crashes = [("die", {"signum": 9}, "crashed"), ("die", {"signum": 11}, "crashed"),
-               ("allocate", {"mb": 400}, "memory"), ("nap", {"seconds": 30.0}, "timeout")]
+    crashes: list[tuple[str, dict[str, Any], str]] = [
+        ("die", {"signum": 9}, "crashed"), ("die", {"signum": 11}, "crashed"),
+        ("allocate", {"mb": 400}, "memory"), ("nap", {"seconds": 30.0}, "timeout")]
     for tool_name, kwargs, kind in crashes * 2:
         r = client.call(Call(tool=tool_name, kwargs=kwargs, timeout=0.5 if kind == "timeout" else None))
         assert r.error is not None and r.error.kind == kind, r
