@@ -27,8 +27,9 @@ from typing import Any
 import zmq
 
 from executor.endpoint import OUTBOX_BYTES, OUTBOX_RETRY, RECV_BATCH, SHUTDOWN_LINGER_MS, EndpointError, Incoming
-from protocol import MAX_FRAME_BYTES, Bye, Heartbeat, ProtocolError, Ready, decode, encode
+from protocol import Bye, Heartbeat, ProtocolError, Ready, decode, encode
 from protocol.timing import HEARTBEAT_INTERVAL, PEER_EXPIRY, backoff
+from protocol.wire import bound_socket, recv_message
 
 log = logging.getLogger("ciayn-executor")
 
@@ -49,7 +50,7 @@ class BrokerLink:
         self.failed = ""  # set when the broker refused us: the executor stops, saying this
         sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, SHUTDOWN_LINGER_MS)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        bound_socket(sock)
         if curve_server_key is not None:
             from protocol.curve import secure_client
 
@@ -98,9 +99,8 @@ class BrokerLink:
 
     def receive(self) -> Iterator[Incoming]:
         for _ in range(RECV_BATCH):
-            try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=True)
-            except zmq.Again:
+            frames = recv_message(self.socket)
+            if frames is None:
                 return
             now = time.monotonic()
             self.last_heard = now

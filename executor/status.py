@@ -15,7 +15,8 @@ from typing import Any
 import zmq
 
 from executor.metrics import quantile
-from protocol import MAX_FRAME_BYTES, ProtocolError, Report, Status, decode, encode
+from protocol import ProtocolError, Report, Status, decode, encode
+from protocol.wire import bound_socket, recv_message
 
 DEFAULT_TIMEOUT = 5.0
 
@@ -31,7 +32,7 @@ def fetch(endpoint: str, *, timeout: float = DEFAULT_TIMEOUT, curve_server_key: 
     try:
         sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES + 4096)
+        bound_socket(sock)
         if curve_server_key is not None:
             from protocol.curve import secure_client
 
@@ -45,8 +46,11 @@ def fetch(endpoint: str, *, timeout: float = DEFAULT_TIMEOUT, curve_server_key: 
         while (left := deadline - time.monotonic()) > 0:
             if not sock.poll(int(left * 1000) + 1):
                 break
+            frames = recv_message(sock)
+            if frames is None:
+                continue
             try:
-                msg = decode(sock.recv_multipart())
+                msg = decode(frames)
             except ProtocolError as e:
                 raise StatusError(f"{endpoint} answered with a malformed message: {e}") from None
             if isinstance(msg, Report):
