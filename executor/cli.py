@@ -171,8 +171,9 @@ def _add_broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                         help="calls waiting in the broker before new ones are refused (default: 65536)")
     broker.add_argument("--recovery-s", type=float, default=RECOVERY_WINDOW,
                         help="after start, seconds to wait for the executors of a previous run to re-announce "
-                        "the calls they hold before sending calls elsewhere; 0 for a pool that never ran "
-                        f"(default: {RECOVERY_WINDOW:g})")
+                        "the calls they hold before sending calls elsewhere, staying silent to clients so that "
+                        "they resend theirs (the default matches the client's timing; less breaks that); 0 for "
+                        f"a pool that never ran (default: {RECOVERY_WINDOW:g})")
     broker.add_argument("--metrics-port", metavar="[HOST:]PORT",
                         help="serve Prometheus metrics over HTTP on this port (127.0.0.1 unless HOST is given)")
     broker.add_argument("--insecure", action="store_true",
