@@ -61,6 +61,7 @@ SILENCE_BEFORE_RECONNECT = 2.0  # no message for this long: new socket, resend c
 UNAVAILABLE_AFTER = 6.0  # no message for this long: calls in flight are answered `unavailable`
 DEADLINE_GRACE = 2.0  # added to a call's timeout before the client answers `timeout` itself
 DEFAULT_TIMEOUT = 30.0  # a call's timeout when neither the call, the tool nor the executor says (validly)
+RECV_BUDGET_S = 0.02  # seconds spent taking messages per turn of the I/O loop
 
 
 class ExecutorUnavailable(Exception):
@@ -417,7 +418,10 @@ class ExecutorClient:
                 p.sent = True
 
     def _receive(self, sock: zmq.Socket[bytes], pending: dict[str, _Pending]) -> None:
-        for _ in range(10_000):
+        """Take what the executor sent, for at most ``RECV_BUDGET_S`` per turn, so that a flood of
+        costly messages cannot keep the loop from deadlines."""
+        until = time.monotonic() + RECV_BUDGET_S
+        while time.monotonic() < until:
             frames = recv_message(sock)
             if frames is None:
                 return

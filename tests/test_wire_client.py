@@ -30,11 +30,10 @@ def _tool(**fields: Any) -> dict[str, Any]:
 
 class HostileServer:
     """Answers ``hello`` with ``welcome`` (tools and limits as given, raw), ``ping`` with a pong that
-    always reports queued calls, and each call with whatever ``on_call`` returns (frames, or None for
-    never)."""
+    always reports queued calls, and each call with the messages ``on_call`` returns (none: never)."""
 
     def __init__(self, endpoint: str, tools: list[dict[str, Any]], limits: dict[str, Any],
-                 on_call: Callable[[Call], list[bytes] | None]) -> None:
+                 on_call: Callable[[Call], list[list[bytes]]]) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -60,8 +59,7 @@ class HostileServer:
                 self.sock.send_multipart([route, *encode(Pong(nonce=msg.nonce, executor="evil", incarnation=1,
                                                               busy=1, queued=5))])
             elif isinstance(msg, Call):
-                reply = self.on_call(msg)
-                if reply is not None:
+                for reply in self.on_call(msg):
                     self.sock.send_multipart([route, *reply])
         self.sock.close(0)
         self.ctx.term()
@@ -79,7 +77,7 @@ def hostile() -> Iterator[Callable[..., ExecutorClient]]:
     directory.mkdir(mode=0o700)
 
     def make(tools: list[dict[str, Any]] | None = None, limits: dict[str, Any] | None = None,
-             on_call: Callable[[Call], list[bytes] | None] = lambda call: None) -> ExecutorClient:
+             on_call: Callable[[Call], list[list[bytes]]] = lambda call: []) -> ExecutorClient:
         endpoint = f"ipc://{directory}/evil-{len(made)}.sock"
         server = HostileServer(endpoint, tools if tools is not None else [_tool()], limits or {}, on_call)
         client = ExecutorClient(endpoint, connect_timeout=3)  # the server is up before the client
@@ -125,11 +123,11 @@ def test_a_result_built_to_cost_work_is_refused_quickly_and_the_client_goes_on(
     hostile: Callable[..., ExecutorClient],
 ) -> None:
     """Before: 16 MB of empty arrays took the client's I/O thread 8-37 s and GBs to decode."""
-    def answer(call: Call) -> list[bytes]:
+    def answer(call: Call) -> list[list[bytes]]:
         if call.args == ["fine"]:
-            return encode(Result(id=call.id or "", ok=True, value="fine"))
+            return [encode(Result(id=call.id or "", ok=True, value="fine"))]
         bomb = b"\xdc" + (1000).to_bytes(2, "big") + (b"\xdc" + (16_000).to_bytes(2, "big") + b"\x90" * 16_000) * 1000
-        return [VERSION, b"result", b"\x83\xa2id" + msgpack.packb(call.id) + b"\xa2ok\xc3\xa5value" + bomb]
+        return [[VERSION, b"result", b"\x83\xa2id" + msgpack.packb(call.id) + b"\xa2ok\xc3\xa5value" + bomb]]
 
     client = hostile(on_call=answer)
     result, took = _timed(client, Call(tool="t"), timeout=20)
@@ -150,3 +148,22 @@ def test_the_hostile_server_speaks_valid_ciayn(hostile: Callable[..., ExecutorCl
     assert client.welcome == Welcome(executor="evil", incarnation=1, tools=[ToolSpec(name="t", signature="()",
                                                                                      timeout=2.0)],
                                      limits=Limits(timeout_s=3.0))
+
+
+def test_a_flood_of_costly_messages_cannot_hold_up_the_clients_deadlines(
+    hostile: Callable[..., ExecutorClient],
+) -> None:
+    """The server answers one call with 1,000 bodies that each cost the decoder milliseconds (seconds
+    in all): the client takes messages for at most RECV_BUDGET_S per turn, so another call's deadline
+    still fires on time."""
+    costly = [VERSION, b"result", b"\x83\xa2id\xa3x-1\xa2ok\xc3\xa5value\xdd" + (65_000).to_bytes(4, "big")
+              + b"\x90" * 65_000]
+
+    def answer(call: Call) -> list[list[bytes]]:
+        return [costly] * 1000 if call.args == ["flood"] else []
+
+    client = hostile(on_call=answer)
+    client.submit(Call(tool="t", args=["flood"]), timeout=60)
+    result, took = _timed(client, Call(tool="t"), timeout=1.0)
+    assert result.error is not None and result.error.kind == "timeout", result
+    assert took < 1.0 + DEADLINE_GRACE + SLACK
