@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -29,6 +30,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import psutil  # noqa: E402
 
 from controller import ExecutorClient  # noqa: E402
 from protocol import Call  # noqa: E402
@@ -157,15 +160,36 @@ def _rate(client: ExecutorClient, in_flight: int, window: float, warmup: float =
     return sum(1 for t in finished_at if start <= t < end) / window
 
 
+def _cpu_s(pool: Pool) -> dict[str, float]:
+    """CPU seconds used so far by each part of the pool, and by this process (the client)."""
+    def total(p: psutil.Process) -> float:
+        try:
+            t = p.cpu_times()
+            return float(t.user + t.system)
+        except psutil.Error:
+            return 0.0
+
+    assert pool.broker is not None
+    supervisors = [psutil.Process(e.pid) for e in pool.executors]
+    return {"client": total(psutil.Process()), "broker": total(psutil.Process(pool.broker.pid)),
+            "executors": sum(total(p) for p in supervisors),
+            "workers": sum(total(c) for p in supervisors for c in p.children(recursive=True))}
+
+
 def scaling(window: float, workers: tuple[int, ...] = WORKERS) -> dict[str, Any]:
     rates = []
+    cpu_per_call: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="ciayn-bench-") as t:
         for w in workers:
             tmp = Path(t) / f"w{w}"
             tmp.mkdir(mode=0o700)
             with _pool(tmp, w) as (pool, _), ExecutorClient(pool.frontend, timeout=30) as client:
                 client.tools()
+                before, started = _cpu_s(pool), time.monotonic()
                 rates.append(_rate(client, 2 * w, window))
+                after, took = _cpu_s(pool), time.monotonic() - started
+                calls = max(1.0, rates[-1] * took)  # about: the window's rate over the whole measurement
+                cpu_per_call[str(w)] = {k: round((after[k] - before[k]) / calls * 1e6) for k in before}
     per_worker_1 = rates[0] / workers[0]
     efficiency = [round(r / (w * per_worker_1), 3) for r, w in zip(rates, workers, strict=True)]
     worst = min(efficiency)
@@ -175,6 +199,8 @@ def scaling(window: float, workers: tuple[int, ...] = WORKERS) -> dict[str, Any]
         "calls_per_s": [round(r, 1) for r in rates],
         "ideal_calls_per_s": [round(w / SLEEP_S, 1) for w in workers],
         "efficiency_vs_1_worker": efficiency,
+        "cpu_us_per_call": cpu_per_call,
+        "note": "CPU per call summed over the pool's processes bounds calls/s at cpus / that sum",
         "target": {"at_least": 0.85, "worst": worst, "met": worst >= 0.85},
     }
 
@@ -184,9 +210,12 @@ def run(quick: bool = False, out: Path = OUT) -> dict[str, Any]:
     result = {
         "benchmark": "pool (issue 12): broker overhead and scaling",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
         "overhead": overhead(rounds=3 if quick else 10, per_round=30 if quick else 100),
         "scaling": scaling(window=1.0 if quick else 3.0, workers=(1, 2, 4) if quick else WORKERS),
     }
+    result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     return result
