@@ -25,6 +25,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -119,19 +120,22 @@ def client(executor: LocalExecutor) -> ExecutorClient:
 def start_raw() -> Iterator[Callable[..., LocalExecutor]]:
     """Start ``ciayn-executor serve`` the way an operator would, not through ``LocalExecutor``'s
     filtered environment and ``stdin=DEVNULL``: ``start_raw(env=..., stdin=..., preexec_fn=...,
-    pass_env=[...], **options)``. The command line is ``LocalExecutor``'s; stopped at the end."""
+    user=uid, pass_env=[...], **options)``. The command line is ``LocalExecutor``'s; stopped at the end."""
     started: list[LocalExecutor] = []
 
     def start(*, env: dict[str, str] | None = None, stdin: int = subprocess.DEVNULL,
               preexec_fn: Callable[[], None] | None = None, pass_env: list[str] | None = None,
-              **options: Any) -> LocalExecutor:
+              user: int | None = None, **options: Any) -> LocalExecutor:
         local = LocalExecutor(tools=[ATTACKS], timeout=TIMEOUT, pass_env=pass_env or (), **options)
         local.dir = Path(tempfile.mkdtemp(prefix="ciayn-attack-"))
         started.append(local)
+        if user is not None:
+            os.chown(local.dir, user, user)
         with open(local.log_path, "wb") as log:
             local.proc = subprocess.Popen(local.command(), stdin=stdin, stdout=log, stderr=log,
                                           env=env if env is not None else dict(os.environ),
-                                          preexec_fn=preexec_fn, start_new_session=True)
+                                          preexec_fn=preexec_fn, start_new_session=True,
+                                          user=user, group=user, extra_groups=[] if user is not None else None)
         client = ExecutorClient(local.endpoint, connect_timeout=0.5)
         deadline = time.monotonic() + 60
         while True:
@@ -209,6 +213,25 @@ def test_a_tool_that_patches_the_registry_changes_no_later_call(
         assert r.ok and r.value == i, f"a later call returned the patch's value: {r}"
     assert isinstance(client.call(Call(tool="whoami")).value, dict)
     held(executor)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE: the template runs as the same user as the tools and is dumpable, so a tool may write its memory "
+    "through /proc/<ppid>/mem: attacks.patch_template() rewrites a constant of the tool module in the "
+    "template, and every worker forked after that (for any client, for as long as the executor runs) returns "
+    "the attacker's value: greet('1') -> 'hijacked-by-an-earlier-call1'. The same access gives ptrace and "
+    "pidfd_getfd on the template (its channel to the supervisor). PR_SET_DUMPABLE 0 in the template and "
+    "workers stops this for a non-root executor; as root (CAP_SYS_PTRACE) only the hardened profile can."))
+def test_a_tool_cannot_rewrite_the_template_that_later_workers_are_forked_from(
+    make_client: Callable[..., ExecutorClient],
+) -> None:
+    client = make_client(tools=[ATTACKS], timeout=TIMEOUT)
+    assert client.call(Call(tool="greet", args=["0"])).value == "greeting-from-the-template:0"
+    patched = client.call(Call(tool="patch_template"))
+    assert patched.ok or patched.error is not None
+    for i in range(1, 4):  # the first may run on a worker forked before the attack
+        r = client.call(Call(tool="greet", args=[str(i)]))
+        assert r.value == f"greeting-from-the-template:{i}", f"a later call runs the attacker's template: {r.value!r}"
 
 
 def test_a_thread_left_running_writes_nothing_into_the_next_call(
@@ -497,11 +520,29 @@ def test_shutdown_with_a_worker_that_cannot_be_killed_ends_within_a_bound(
 # ------------------------------------------------------------------------------------------ limits
 
 
-def test_hard_limits_cannot_be_lifted_without_cap_sys_resource(start_raw: Callable[..., LocalExecutor]) -> None:
+NOBODY = 65534
+
+
+@pytest.mark.parametrize("who", ["root-without-cap-sys-resource", "non-root-user"])
+def test_hard_limits_cannot_be_lifted(start_raw: Callable[..., LocalExecutor], who: str) -> None:
     """Root with CAP_SYS_RESOURCE may raise hard limits (the README sends such operators to the
     hardened profile); without the capability, as any non-root user, the kernel refuses."""
-    local = start_raw(preexec_fn=_drop_cap_sys_resource)
-    assert local.client is not None
+    if who == "non-root-user":
+        if os.geteuid() != 0:
+            pytest.skip("starting the executor as another user needs root")
+        try:
+            subprocess.run([sys.executable, "-c", "import executor"], user=NOBODY, group=NOBODY, extra_groups=[],
+                           check=True, capture_output=True, timeout=30)
+        except (OSError, subprocess.CalledProcessError) as e:
+            pytest.skip(f"uid {NOBODY} cannot run this interpreter and project ({e}); "
+                        "the root-without-CAP_SYS_RESOURCE case covers the same kernel rule")
+        local = start_raw(user=NOBODY)
+        assert local.client is not None
+        assert local.client.call(Call(tool="whoami")).ok
+        assert psutil.Process(local.proc.pid).uids().real == NOBODY  # type: ignore[union-attr]
+    else:
+        local = start_raw(preexec_fn=_drop_cap_sys_resource)
+        assert local.client is not None
     caps = local.client.call(Call(tool="capabilities")).value
     assert not caps & (1 << CAP_SYS_RESOURCE), "the premise: the executor runs without CAP_SYS_RESOURCE"
     tried = local.client.call(Call(tool="lift_limits"))
