@@ -656,6 +656,37 @@ def test_120_mb_on_the_workers_channel_costs_only_the_worker(
     held(executor)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE: the supervisor reads the template's channel with framing.recv_with_fds(), which trusts the "
+    "frame header (no size cap) and blocks until the whole frame has come. A tool takes a copy of the "
+    "template's channel (pidfd_getfd(pidfd_open(ppid), fd): same user) and writes a header announcing 120 MB: "
+    "with nothing after it the supervisor blocks in recv forever (no ping, no call answered, SIGTERM ignored); "
+    "with the 120 MB after it the supervisor's RSS peaks near 290 MB. Reproduce: "
+    "attacks.write_on_template_channel(mb=120, stall=True|False)."))
+@pytest.mark.parametrize("stall", [True, False], ids=["header-then-nothing", "120-mb"])
+def test_writing_on_the_templates_channel_costs_only_the_template(
+    make_client: Callable[..., ExecutorClient], stall: bool
+) -> None:
+    client = make_client(tools=[ATTACKS], timeout=TIMEOUT)
+    local: LocalExecutor = client.local  # type: ignore[attr-defined]
+    template = template_pid(client)
+    try:
+        client.call(Call(tool="write_on_template_channel", kwargs={"mb": 120, "stall": stall}))
+        wire = Wire(local.endpoint)
+        try:
+            wire.ping(within=1.0)
+        finally:
+            wire.close()
+        after = client.call(Call(tool="echo", args=["after"]), timeout=TEMPLATE_ANSWER_TIMEOUT + 1)
+        assert after.ok and after.value == "after", after
+        peak = supervisor_peak_mb(local)
+        assert peak < SUPERVISOR_PEAK_MB, f"the supervisor's RSS peaked at {peak:.0f} MB"
+        held(local)
+    finally:
+        if _alive(template):  # a wedged supervisor waits on this template's channel: closing it frees it
+            os.kill(template, signal.SIGKILL)
+
+
 # ------------------------------------------------------------------------ each defense layer on its own
 
 

@@ -496,10 +496,11 @@ def _siblings() -> list[int]:
     return [p for p in pids if p != os.getpid()]
 
 
-def _steal_channel(pid: int) -> socket.socket:
-    """Stop ``pid`` and take a copy of its channel (``pidfd_getfd``: allowed to any process that may
-    ptrace it, such as another process of the same user)."""
-    os.kill(pid, signal.SIGSTOP)
+def _steal_channel(pid: int, stop: bool = True) -> socket.socket:
+    """Stop ``pid`` (unless not ``stop``) and take a copy of its channel, its one socket
+    (``pidfd_getfd``: allowed to any process that may ptrace it, such as one of the same user)."""
+    if stop:
+        os.kill(pid, signal.SIGSTOP)
     target = next(int(fd) for fd in os.listdir(f"/proc/{pid}/fd")
                   if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"))
     pidfd = os.pidfd_open(pid)
@@ -586,3 +587,17 @@ def patch_template(old: str = GREETING, new: str = "hijacked-by-an-earlier-call"
                 patched += 1
                 at = data.find(needle, at + 1)
     return patched
+
+
+@tool
+def write_on_template_channel(mb: int = 120, stall: bool = False) -> str:
+    """Take a copy of the template's channel to the supervisor (``pidfd_getfd``, as for the workers
+    forked ahead) and write a frame header announcing ``mb`` MB on it: then, with ``stall``, nothing
+    more (the supervisor's read of the frame waits for bytes that never come), else ``mb`` MB."""
+    sock = _steal_channel(os.getppid(), stop=False)
+    sock.sendall(struct.pack("!I", mb << 20))
+    if not stall:
+        chunk = b"\xc0" * (1 << 20)
+        for _ in range(mb):
+            sock.sendall(chunk)
+    return "written"
