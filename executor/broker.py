@@ -48,7 +48,6 @@ from executor.calls import fingerprint
 from executor.endpoint import EndpointError, RouterEndpoint
 from executor.metrics import CallStats, MetricsServer
 from protocol import (
-    BindError,
     Bye,
     Call,
     Cancel,
@@ -367,15 +366,8 @@ class Broker:
                 job.waiters.append(route)
             return
         now = time.monotonic()
-        spec = self.specs.get(call.tool)
-        if spec is not None:
-            try:
-                spec.bind(call.args, call.kwargs)
-            except BindError as e:
-                self._answer_now(route, Result.failure(cid, "bad_arguments",
-                                                       f"{e}; signature: {spec.name}{spec.signature}"))
-                return
-        elif self.members and not self.recovering:
+        spec = self.specs.get(call.tool)  # arguments are bound by the executor (it answers bad_arguments)
+        if spec is None and self.members and not self.recovering:
             names = ", ".join(sorted(self.specs))
             self._answer_now(route, Result.failure(cid, "unknown_tool",
                                                    f"no tool named {call.tool!r} in the pool; available: {names}"))
@@ -416,13 +408,6 @@ class Broker:
                 self._unqueue(job)
                 self._finish(job, Result.failure(job.call.id or "", "unknown_tool",
                                                  f"no tool named {job.call.tool!r} in the pool; available: {names}"))
-            return
-        try:
-            spec.bind(job.call.args, job.call.kwargs)
-        except BindError as e:
-            self._unqueue(job)
-            self._finish(job, Result.failure(job.call.id or "", "bad_arguments",
-                                             f"{e}; signature: {spec.name}{spec.signature}"))
             return
         job.spec = spec
         job.timeout = self._timeout(job.call, spec)
