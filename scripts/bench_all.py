@@ -45,14 +45,14 @@ from bench_features import Features  # noqa: E402
 from bench_record import FAILED, failed, log, machine, measured, not_built  # noqa: E402
 from bench_sizes import FULL, TINY, Sizes  # noqa: E402
 
-FIGURES = ("ciayn_overhead", "round_trip", "call_path", "recovery", "timeout_precision", "pool_scaling", "memory",
-           "hardened_layers", "broker_pool")
+FIGURES = ("ciayn_overhead", "round_trip", "call_path", "call_path_cuts", "recovery", "timeout_precision",
+           "pool_scaling", "memory", "hardened_layers", "broker_pool")
 
 
 BROKER_TITLE = "Broker overhead and scaling (scripts/bench_broker.py --quick)"
 
 
-def broker_pool(features: Features, tmp: str) -> dict[str, Any]:
+def broker_pool(features: Features, tmp: str, tiny: bool) -> dict[str, Any]:
     """The pool's own benchmark (scripts/bench_broker.py, issue 12: broker overhead with and without
     CurveZMQ, scaling through the broker), run as part of the whole. Its figures go into
     results.json; its own bench-results/pool.json (a full run of it) is left alone."""
@@ -63,10 +63,12 @@ def broker_pool(features: Features, tmp: str) -> dict[str, Any]:
     except ImportError as e:
         return not_built(f"scripts/bench_broker.py cannot be imported ({e})",
                          title=BROKER_TITLE)
+    if tiny:  # its public parts at the smallest size: the code path, not the numbers
+        return measured(title=BROKER_TITLE, overhead=bench_broker.overhead(rounds=1, per_round=3),
+                        scaling=bench_broker.scaling(window=0.1, workers=(1,)))
     # Its --quick size: the full one takes about 50 s here, and pool_scaling already goes to 16 workers.
     log("broker pool: scripts/bench_broker.py --quick")
-    return measured(title=BROKER_TITLE,
-                    **bench_broker.run(quick=True, out=Path(tmp) / "pool.json"))
+    return measured(title=BROKER_TITLE, **bench_broker.run(quick=True, out=Path(tmp) / "pool.json"))
 
 
 def figure_makers(features: Features, sizes: Sizes, tmp: str, out: Path) -> dict[str, Callable[[], dict[str, Any]]]:
@@ -74,12 +76,13 @@ def figure_makers(features: Features, sizes: Sizes, tmp: str, out: Path) -> dict
         "ciayn_overhead": lambda: bench_ciayn.run(sizes.microbench_repeat, out),
         "round_trip": lambda: bench_roundtrip.run(features, sizes, tmp),
         "call_path": lambda: bench_callpath.run(features, sizes, tmp),
+        "call_path_cuts": lambda: bench_callpath.cuts(features, sizes, tmp),
         "recovery": lambda: bench_faults.run_recovery(features, sizes),
         "timeout_precision": lambda: bench_faults.run_timeouts(sizes),
         "pool_scaling": lambda: bench_pool.run(features, sizes),
         "memory": lambda: bench_memory.run(sizes.memory_calls),
         "hardened_layers": lambda: bench_layers.run(features, sizes),
-        "broker_pool": lambda: broker_pool(features, tmp),
+        "broker_pool": lambda: broker_pool(features, tmp, sizes is TINY),
     }
 
 

@@ -22,6 +22,7 @@ import contextlib
 import io
 import logging
 import os
+import resource
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -136,6 +137,16 @@ def codec_steps(dealer: Dealer, repeat: int) -> dict[str, dict[str, Any]]:
     logger.handlers[:] = [handler]
     logger.setLevel(logging.INFO)
 
+    clear_refs = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+
+    def reset_peak_rss() -> None:
+        os.write(clear_refs, b"5")
+
+    def rusage() -> None:
+        resource.getrusage(resource.RUSAGE_SELF)
+        resource.getrusage(resource.RUSAGE_CHILDREN)
+        resource.getrusage(resource.RUSAGE_SELF)
+
     def log_line() -> None:
         logger.info("call %s %s: %s%s", call.id, call.tool, "ok", " 0.1ms")
         if sink.tell() > 1 << 20:
@@ -149,6 +160,9 @@ def codec_steps(dealer: Dealer, repeat: int) -> dict[str, dict[str, Any]]:
         "supervisor: pack the request for the worker": ("supervisor", lambda: HEADER.pack(40) + msgpack.packb(
             CHANNEL_REQUEST, use_bin_type=True)),
         "worker: unpack the request": ("worker", lambda: msgpack.unpackb(channel_request[HEADER.size:], raw=False)),
+        "worker: reset peak RSS (write /proc/self/clear_refs, in a process of this one's size)": (
+            "worker", reset_peak_rss),
+        "worker: getrusage x3 (CPU time and peak memory of the call)": ("worker", rusage),
         "worker: pack the reply": ("worker", lambda: HEADER.pack(60) + msgpack.packb(WORKER_REPLY, use_bin_type=True)),
         "supervisor: unpack the reply": ("supervisor", lambda: msgpack.unpackb(channel_reply, raw=False)),
         "supervisor: encode the result": ("supervisor", lambda: encode(result)),
@@ -160,6 +174,7 @@ def codec_steps(dealer: Dealer, repeat: int) -> dict[str, dict[str, Any]]:
         timing = measure(fn, repeat)
         out[name] = {"where": where, "us": timing["median_us"]}
     logger.handlers.clear()
+    os.close(clear_refs)
     return out
 
 
@@ -195,15 +210,20 @@ def run(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
         client_stamped: list[tuple[int, int, int]] = []
 
         def n_for(block: Any) -> int:
-            return max(2, int(sizes.path_block_s / max(1e-6, statistics.median(block(3)))))
+            block(10)
+            return max(2, int(sizes.path_block_s / max(1e-6, statistics.fmean(block(10)))))
 
         n = n_for(dealer.block)
         n_echo = min(n * 4, 2000)
         n_fresh = n_for(fresh_dealer.block) if fresh_dealer else 0
         log(f"call path ({'--reuse-workers' if lean else 'default flags'}): {sizes.path_rounds} interleaved rounds "
             f"of {n} calls per contestant")
+        echo_cpu = [0, 0]  # the echo server's own CPU for the floor's round trips, and how many
         for _ in range(sizes.path_rounds):
+            echo_before = sum(ns for ns, _ in _schedstat(echo.pid).values())
             floor += echo.block(n_echo)
+            echo_cpu[0] += sum(ns for ns, _ in _schedstat(echo.pid).values()) - echo_before
+            echo_cpu[1] += n_echo
             channel += chan.block(n_echo)
             before = meter.snapshot()
             stamped += dealer.stamped(n)
@@ -310,6 +330,68 @@ def run(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
         cpu_per_call=cpu,
         cpu_per_call_total_us=cpu_sum,
         supervisor_main_thread_beyond_codec_us=round(sup_main - sup_codec, 2),
+        floor_echo_server_cpu_per_round_trip_us=round(echo_cpu[0] / max(1, echo_cpu[1]) / 1000, 2),
         fresh_worker_per_call=fresh_worker,
         path_flags=" ".join(lean) or "default flags",
+    )
+
+
+CUTS: dict[str, tuple[list[str], dict[str, Any]]] = {
+    "as shipped": ([], {}),
+    "no spin after dispatch (supervisor)": (["nospin"], {}),
+    "no peak-RSS reset per call (worker clear_refs)": (["noclearrefs"], {}),
+    "no per-call log line (--log-level warning)": ([], {"log_level": "warning"}),
+    "all three cuts": (["nospin", "noclearrefs"], {"log_level": "warning"}),
+}
+
+
+def cuts(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
+    """What each candidate cut of the call path would buy: the executor as shipped against what-if
+    variants (bench_whatif.py patches it in memory, nothing in executor/ changes), each with the
+    floor, in interleaved rounds; p50, ratio to the floor and CPU per call over all processes."""
+    lean = ["--reuse-workers"] if features.reuse_workers else []
+    entries: dict[str, dict[str, Any]] = {}
+    with contextlib.ExitStack() as stack:
+        echo = ZmqEcho(tmp)
+        stack.callback(echo.close)
+        variants: dict[str, tuple[Dealer, CpuMeter, int]] = {}
+        for name, (patches, options) in CUTS.items():
+            try:
+                running = stack.enter_context(direct(workers=1, extra=lean, patches=patches, **options))
+                dealer = Dealer(running.endpoint, name)
+                stack.callback(dealer.close)
+                dealer.block(20)
+                n = max(2, int(sizes.path_block_s / max(1e-6, statistics.fmean(dealer.block(10)))))
+                variants[name] = (dealer, CpuMeter(running), n)
+            except Exception as e:  # a patch whose target moved: recorded, not measured wrong
+                entries[name] = {"status": "failed", "reason": " ".join(f"{type(e).__name__}: {e}".split())[-400:]}
+        n_echo = 200
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        ratios: dict[str, list[float]] = {name: [] for name in variants}
+        log(f"call path cuts ({' '.join(lean) or 'default flags'}): {sizes.path_rounds} interleaved rounds of "
+            f"{', '.join(variants)}")
+        for _ in range(sizes.path_rounds):
+            floor_block = echo.block(n_echo)
+            for name, (dealer, meter, n) in variants.items():
+                before = meter.snapshot()
+                block = dealer.block(n)
+                meter.add(before, meter.snapshot(), n)
+                times[name] += block
+                ratios[name].append(statistics.median(block) / statistics.median(floor_block))
+    for name, (_dealer, meter, _n) in variants.items():
+        cpu = meter.per_call()
+        entries[name] = {"status": "measured", "latency": summarize(times[name]),
+                         "ratio_to_floor": round(statistics.median(ratios[name]), 2),
+                         "cpu_per_call_us": round(sum(c["cpu_us"] for c in cpu.values()), 1),
+                         "supervisor_cpu_per_call_us": round(sum(v["cpu_us"] for k, v in cpu.items()
+                                                                 if k.startswith("supervisor")), 1),
+                         "worker_cpu_per_call_us": round(sum(v["cpu_us"] for k, v in cpu.items()
+                                                             if k.startswith("worker")), 1)}
+    return measured(
+        title="What candidate cuts of the call path would buy (what-if runs)",
+        method=("plain DEALER no-op calls against the executor as shipped and against variants patched in memory by "
+                "scripts/bench_whatif.py (executor/ is not changed), interleaved with the floor; ratio_to_floor is "
+                "the median over rounds"),
+        path_flags=" ".join(lean) or "default flags",
+        entries=entries,
     )

@@ -29,15 +29,26 @@ POOL_READY_TIMEOUT = 15.0
 STOP_TIMEOUT = 5.0
 
 
-class BenchExecutor(LocalExecutor):
-    """``LocalExecutor`` that passes extra ``serve`` flags (``--reuse-workers``, ...) through."""
+WHATIF = str(Path(__file__).resolve().parent / "bench_whatif.py")
 
-    def __init__(self, *, extra: list[str] | None = None, **options: object) -> None:
+
+class BenchExecutor(LocalExecutor):
+    """``LocalExecutor`` that passes extra ``serve`` flags (``--reuse-workers``, ...) through, and
+    can start the executor with benchmark-only what-if ``patches`` (see bench_whatif.py)."""
+
+    def __init__(self, *, extra: list[str] | None = None, patches: list[str] | None = None,
+                 **options: object) -> None:
         super().__init__(tools=[BENCH_TOOLS], **options)  # type: ignore[arg-type]
         self.extra = list(extra or [])
+        self.patches = list(patches or [])
 
     def command(self) -> list[str]:
-        return [*super().command(), *self.extra]
+        command = [*super().command(), *self.extra]
+        if not self.patches:
+            return command
+        if command[1:3] != ["-m", "executor.cli"]:
+            raise RuntimeError(f"cannot apply what-if patches to {command[:3]}")
+        return [command[0], WHATIF, ",".join(self.patches), "--", *command[3:]]
 
 
 @dataclass
@@ -53,9 +64,10 @@ class Running:
 
 
 @contextlib.contextmanager
-def direct(workers: int = 1, *, extra: list[str] | None = None, **options: object) -> Iterator[Running]:
+def direct(workers: int = 1, *, extra: list[str] | None = None, patches: list[str] | None = None,
+           **options: object) -> Iterator[Running]:
     """One executor over ipc with ``workers`` workers."""
-    local = BenchExecutor(workers=workers, extra=extra, **options)
+    local = BenchExecutor(workers=workers, extra=extra, patches=patches, **options)
     client = local.start()
     try:
         assert local.proc is not None

@@ -47,6 +47,7 @@ def charts(results: dict[str, Any], out: Path) -> list[str]:
     drawers: dict[str, Callable[[Any, dict[str, Any]], None]] = {
         "round_trip": _chart_round_trip,
         "call_path": _chart_call_path,
+        "call_path_cuts": _chart_cuts,
         "recovery": _chart_recovery,
         "timeout_precision": _chart_timeouts,
         "pool_scaling": _chart_pool,
@@ -106,6 +107,23 @@ def _chart_call_path(fig: Any, data: dict[str, Any]) -> None:
     fig.set_size_inches(11, 7.5)
     ax.set_title(f"Where a no-op call's {total:.0f} us go ({data['path_flags']}, plain DEALER)\n"
                  f"{total / floor:.1f}x the {floor:.0f} us bare ZeroMQ echo of the same rounds", fontsize=10)
+
+
+def _chart_cuts(fig: Any, data: dict[str, Any]) -> None:
+    rows = [(k, e) for k, e in data["entries"].items() if e.get("status") == MEASURED]
+    ax = fig.add_subplot(1, 1, 1)
+    y = range(len(rows))
+    ax.barh([i + 0.2 for i in y], [e["latency"]["p50"] for _, e in rows], height=0.4, color="tab:orange",
+            label="round trip p50")
+    ax.barh([i - 0.2 for i in y], [e["cpu_per_call_us"] for _, e in rows], height=0.4, color="tab:gray",
+            label="CPU per call, all processes")
+    for i, (_, e) in enumerate(rows):
+        ax.text(e["latency"]["p50"] * 1.01, i + 0.2, f"{e['latency']['p50']:.0f} us ({e['ratio_to_floor']:.1f}x floor)",
+                va="center", fontsize=8)
+    ax.set_yticks(list(y), [textwrap.fill(k, 40) for k, _ in rows], fontsize=8)
+    ax.set_xlabel("microseconds per no-op call")
+    ax.legend(fontsize=8)
+    ax.set_title(f"What candidate cuts would buy ({data['path_flags']}; what-if runs, executor/ unchanged)")
 
 
 def _chart_recovery(fig: Any, data: dict[str, Any]) -> None:
@@ -198,7 +216,7 @@ def markdown(results: dict[str, Any], images: str = "") -> str:
         "",
     ]
     for key, render in (("round_trip", _md_round_trip), ("call_path", _md_call_path), ("recovery", _md_recovery),
-                        ("timeout_precision", _md_timeouts), ("pool_scaling", _md_pool),
+                        ("call_path_cuts", _md_cuts), ("timeout_precision", _md_timeouts), ("pool_scaling", _md_pool),
                         ("ciayn_overhead", _md_ciayn), ("memory", _md_memory), ("hardened_layers", _md_layers),
                         ("broker_pool", _md_broker)):
         fig = figs.get(key, {})
@@ -264,6 +282,23 @@ def _md_call_path(f: dict[str, Any]) -> list[str]:
                      f"{fresh['extra_over_reuse_workers_us']:.0f} us more than reusing one, and "
                      f"{fresh['cpu_per_call_total_us']:.0f} us of CPU per call over all processes.")
     return [f"**{f['title']}** ({f['method']})", "", *rows, "", sentence, ""]
+
+
+def _md_cuts(f: dict[str, Any]) -> list[str]:
+    rows = ["| variant | p50 | p99 | x floor | CPU per call (all) | supervisor CPU | worker CPU |",
+            "|---|---|---|---|---|---|---|"]
+    for name, e in f["entries"].items():
+        if e.get("status") != MEASURED:
+            rows.append(f"| {name} | {e.get('status')}: {e.get('reason', '')} | | | | | |")
+            continue
+        lat = e["latency"]
+        rows.append(f"| {name} | {_fmt_us(lat['p50'])} | {_fmt_us(lat['p99'])} | {e['ratio_to_floor']:.1f}x | "
+                    f"{e['cpu_per_call_us']:.0f} us | {e['supervisor_cpu_per_call_us']:.0f} us | "
+                    f"{e['worker_cpu_per_call_us']:.0f} us |")
+    return [f"**{f['title']}** ({f['method']})", "", *rows, "",
+            "**What it means:** each row is the shipped executor with one candidate cut applied in memory; the "
+            "difference to the first row, in the same rounds, is what that cut would buy on this machine. Which cuts "
+            "to make is a decision for the code's owners.", ""]
 
 
 def _md_recovery(f: dict[str, Any]) -> list[str]:

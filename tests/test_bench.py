@@ -18,8 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "scripts" / "bench_all.py"
 MEASURED, NOT_BUILT = "measured", "not built yet"
-FIGURES = ("ciayn_overhead", "round_trip", "call_path", "recovery", "timeout_precision", "pool_scaling", "memory",
-           "hardened_layers", "broker_pool")
+FIGURES = ("ciayn_overhead", "round_trip", "call_path", "call_path_cuts", "recovery", "timeout_precision",
+           "pool_scaling", "memory", "hardened_layers", "broker_pool")
 ROUND_TRIP = ("floor_zmq_echo", "ours_dealer", "ours_client", "ours_reuse_workers", "ours_hardened",
               "ours_broker_tcp", "in_process", "jupyter_kernel", "fresh_python")
 MACHINE = ("cores", "cpu_model", "python", "pyzmq", "libzmq", "load_avg_1m")
@@ -83,6 +83,11 @@ def test_call_path_breakdown_faults_pool_ciayn_and_memory_have_their_numbers(
     assert _ok(path, "call_path")
     assert path["hops_us"] and path["codec_us"] and path["split_us"] and path["executor_client_us"]
     assert any(name.startswith("supervisor") for name in path["cpu_per_call"]), path["cpu_per_call"]
+    cuts = figures["call_path_cuts"]
+    assert _ok(cuts, "call_path_cuts") and _ok(cuts["entries"]["as shipped"], "cuts: as shipped")
+    for name, entry in cuts["entries"].items():
+        if _ok(entry, f"cuts: {name}"):
+            assert entry["latency"]["p50"] > 0 and entry["cpu_per_call_us"] > 0
 
     recovery = figures["recovery"]
     assert _ok(recovery, "recovery")
