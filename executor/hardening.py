@@ -48,6 +48,7 @@ import ctypes
 import os
 import platform
 import resource
+import stat
 import struct
 import sys
 import time
@@ -73,8 +74,9 @@ CLONE_NEW_ANY = (CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | C
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
-MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
-AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV, MOUNT_ATTR_IDMAP = 0x1, 0x2, 0x4, 0x100000
+AT_FDCWD, AT_RECURSIVE, AT_EMPTY_PATH = -100, 0x8000, 0x1000
+OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, MOVE_MOUNT_F_EMPTY_PATH = 1, 0o2000000, 4
 
 PR_SET_KEEPCAPS = 8
 PR_CAPBSET_DROP = 24
@@ -260,9 +262,11 @@ def _apply_filesystem(sb: Sandbox) -> None:
     _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, size)
     _mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
            f"size={sb.config.shm_mb}m,mode=1777")
-    for src, readonly in sb.late_binds:  # under /tmp: only now, on top of the new /tmp
-        os.makedirs(root + src, exist_ok=True)
-        _bind(src, root + src, readonly)
+    for src, dst, readonly in sb.late_binds:  # under /tmp: only now, on top of the new /tmp
+        _mountpoint(root, dst)
+        _bind(src, root + dst, readonly)
+    if sb.staged_workspace:  # the idmapped workspace was bound from its staging place: drop that one
+        _check("filesystem", "detach the staged workspace", _libc.umount2(sb.staged_workspace.encode(), MNT_DETACH))
     for hidden in sb.late_hides:
         _hide(root, hidden)
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -497,7 +501,8 @@ class Sandbox:
         self.names = [layer.name for layer in layers]
         self.root = STAGE
         self.prepared = False
-        self.late_binds: list[tuple[str, bool]] = []
+        self.late_binds: list[tuple[str, str, bool]] = []  # (source, target in the view, read-only)
+        self.staged_workspace = ""  # an idmapped workspace under /tmp waits here for each worker
         self.late_hides: list[str] = []
         self.cap_last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
         self.own_pidns = -1
@@ -556,7 +561,6 @@ class Sandbox:
         _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
         for name in ("tmp", "proc", "dev", "dev/shm", "sys", "run", "home", "var", ".ciayn-empty"):
             os.makedirs(f"{root}/{name}", exist_ok=True)
-        os.symlink("/tmp", f"{root}/var/tmp")
         for name in sorted(os.listdir("/")):  # merged /usr: bin, lib, lib64, sbin are symlinks
             if os.path.islink(f"/{name}"):
                 os.symlink(os.readlink(f"/{name}"), f"{root}/{name}")
@@ -570,11 +574,12 @@ class Sandbox:
         Path(empty).touch(mode=0)
         os.chmod(empty, 0)
         workspace = os.path.realpath(self.config.workspace)
+        rw = self.config.workspace_rw
         for src in _view_roots(workspace, self.config.hide):
-            if _under(src, "/tmp") or (src == workspace and self.config.workspace_rw):
-                continue
-            os.makedirs(root + src, exist_ok=True)
-            _mount(src, root + src, None, MS_BIND | MS_REC)
+            if not _under(src, "/tmp"):
+                _mountpoint(root, src)  # the rw workspace's too
+                if not (src == workspace and rw):
+                    _mount(src, root + src, None, MS_BIND | MS_REC)
         for secret in SECRET_FILES:
             if os.path.isfile(root + secret):
                 _mount(empty, root + secret, None, MS_BIND)
@@ -584,11 +589,23 @@ class Sandbox:
                 self.late_hides.append(hidden)
             else:
                 _hide(root, hidden)
+        if rw and _under(workspace, "/tmp"):
+            os.makedirs(root + "/.ciayn-workspace")
         _readonly_tree(root)
-        if self.config.workspace_rw and not _under(workspace, "/tmp"):
-            _bind(workspace, root + workspace, readonly=False)
-        self.late_binds = [(src, not (src == workspace and self.config.workspace_rw))
-                           for src in _view_roots(workspace, self.config.hide) if _under(src, "/tmp")]
+        late = [src for src in _view_roots(workspace, self.config.hide) if _under(src, "/tmp")]
+        self.late_binds = [(src, src, True) for src in late if not (src == workspace and rw)]
+        if rw:  # the tools act as the workspace's owner in it: an idmapped mount, files stay its owner's
+            st = os.stat(workspace)
+            userns = _idmap_userns((st.st_uid, self.config.uid), (st.st_gid, self.config.gid))
+            try:
+                if _under(workspace, "/tmp"):
+                    self.staged_workspace = root + "/.ciayn-workspace"
+                    _idmapped_bind(workspace, self.staged_workspace, userns)
+                    self.late_binds.append((self.staged_workspace, workspace, False))
+                else:
+                    _idmapped_bind(workspace, root + workspace, userns)
+            finally:
+                os.close(userns)
 
     def _sweep_cpu_groups(self, dead_only: bool) -> None:
         """Remove CPU groups of workers that are gone (``dead_only``), or at start stale ones
@@ -643,6 +660,63 @@ def remove_cpu_groups(tag: str) -> None:
         return
     for child in parent.glob(f"{cgroups.PREFIX}{tag}-*"):
         cgroups.Group(child, None, None).remove()
+
+
+def _idmap_userns(uid: tuple[int, int], gid: tuple[int, int]) -> int:
+    """A user namespace (its fd) for an idmapped mount showing files of ``uid[0]``/``gid[0]`` as
+    owned by ``uid[1]``/``gid[1]`` (and files those write as owned by ``uid[0]``/``gid[0]``). A
+    child holds the namespace while its maps are written, then exits."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(w)
+        ok = _libc.unshare(CLONE_NEWUSER) == 0
+        os.read(r, 1)
+        os._exit(0 if ok else 1)
+    os.close(r)
+    try:
+        deadline = time.monotonic() + 5
+        while os.readlink(f"/proc/{pid}/ns/user") == os.readlink("/proc/self/ns/user"):
+            if time.monotonic() > deadline:
+                raise LayerError("filesystem", "the helper for the workspace's id mapping did not start")
+            time.sleep(0.001)
+        Path(f"/proc/{pid}/uid_map").write_text(f"{uid[0]} {uid[1]} 1")
+        Path(f"/proc/{pid}/gid_map").write_text(f"{gid[0]} {gid[1]} 1")
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(w)
+        os.waitpid(pid, 0)
+
+
+def _idmapped_bind(src: str, dst: str, userns: int) -> None:
+    """Bind ``src`` at ``dst`` through the id mapping of ``userns`` (open_tree, mount_setattr, move_mount)."""
+    tree = _check("filesystem", f"open_tree {src}", _syscall(
+        NR["open_tree"], ctypes.c_int(AT_FDCWD), src.encode(), ctypes.c_uint(OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)))
+    try:
+        attr = _MountAttr(MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0, 0, userns)
+        _check("filesystem", f"id-map {src}", _syscall(
+            442, ctypes.c_int(tree), b"", ctypes.c_uint(AT_EMPTY_PATH), ctypes.byref(attr),
+            ctypes.c_size_t(ctypes.sizeof(attr))))
+        _check("filesystem", f"move_mount {dst}", _syscall(
+            NR["move_mount"], ctypes.c_int(tree), b"", ctypes.c_int(AT_FDCWD), dst.encode(),
+            ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH)))
+    finally:
+        os.close(tree)
+
+
+def _mountpoint(root: str, path: str) -> None:
+    """Make the directory ``root + path`` in the view, never through a symlink (one could lead out
+    of the view, onto the host)."""
+    current = root
+    for part in path.strip("/").split("/"):
+        current = f"{current}/{part}"
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            os.mkdir(current, 0o755)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise LayerError("filesystem", f"cannot show {path} in the view: {current[len(root):]} is not a directory")
 
 
 def _hide(root: str, path: str) -> None:

@@ -954,18 +954,22 @@ def start_hardened(args: Any) -> int:
 
 
 def _workspace_problem(config: Any) -> str | None:
-    """Tools run as ``config.uid``: the workspace must let that uid in (and write, with --workspace-rw)."""
+    """Tools run as ``config.uid``: a read-only workspace must let others in; with --workspace-rw
+    they act as its owner (an idmapped mount), who must be able to write it."""
     try:
         st = os.stat(config.workspace)
     except OSError as e:
         return f"cannot use the workspace: {e}"
+    if config.workspace_rw:
+        if st.st_mode & 0o700 != 0o700:
+            return (f"--workspace-rw: tools act as the owner of the workspace {config.workspace}, who cannot "
+                    f"read, write and enter it (mode {st.st_mode & 0o777:o}); chmod u+rwx it")
+        return None
     read = 0o500 if st.st_uid == config.uid else 0o005
     if st.st_mode & read != read:
         return (f"tools run as uid {config.uid}, who cannot read the workspace {config.workspace} (mode "
-                f"{st.st_mode & 0o777:o}); make it readable by others (chmod o+rx) or choose another --workspace")
-    if config.workspace_rw and not st.st_mode & (0o200 if st.st_uid == config.uid else 0o002):
-        return (f"--workspace-rw: tools run as uid {config.uid}, who cannot write the workspace {config.workspace}; "
-                f"give it to that uid (chown {config.uid}) or make it writable by others")
+                f"{st.st_mode & 0o777:o}); make it readable by others (chmod o+rx), add --workspace-rw (tools "
+                "then act as its owner in it), or choose another --workspace")
     return None
 
 
