@@ -29,7 +29,6 @@ from typing import Any
 
 import bench_tools
 import msgpack
-import psutil
 from bench_contestants import CHANNEL_REQUEST, ChannelEcho, ClientCalls, Dealer, ZmqEcho
 from bench_executors import Running, direct
 from bench_features import Features
@@ -78,6 +77,16 @@ def _reaped_children_ns(pid: int) -> int:
         return 0
 
 
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` from /proc/PID/task/*/children (no scan of every process)."""
+    pids: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError, ValueError), open(f"/proc/{pid}/task/{tid}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+    return pids
+
+
 class CpuMeter:
     """CPU time and scheduling count per call of the processes on a call's path: this client, the
     supervisor (each thread), the template and its workers (live ones by thread; dead ones through
@@ -94,13 +103,18 @@ class CpuMeter:
         self.total: dict[str, list[int]] = {}
         self.calls = 0
 
-    def snapshot(self) -> dict[str, dict[str, list[int]]]:
-        snap = {role: _schedstat(pid) for role, pid in self.roles.items()}
+    def snapshot(self, before: bool) -> dict[str, dict[str, list[int]]]:
+        """All counters; this process's own are read last before a block and first after it, so
+        that reading the others is not counted as the client's CPU."""
+        me = "client (this process)"
+        snap = {} if before else {me: _schedstat(os.getpid())}
+        snap |= {role: _schedstat(pid) for role, pid in self.roles.items() if role != me}
         if self.template:
-            for worker in psutil.Process(self.template).children():
-                with contextlib.suppress(psutil.Error):
-                    snap[f"worker pid {worker.pid}"] = _schedstat(worker.pid)
+            for pid in _children(self.template):
+                snap[f"worker pid {pid}"] = _schedstat(pid)
             snap["workers, exited (template's reaped children)"] = {"all": [_reaped_children_ns(self.template), 0]}
+        if before:
+            snap[me] = _schedstat(os.getpid())
         return snap
 
     def add(self, before: dict[str, dict[str, list[int]]], after: dict[str, dict[str, list[int]]], calls: int) -> None:
@@ -225,15 +239,15 @@ def run(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
             echo_cpu[0] += sum(ns for ns, _ in _schedstat(echo.pid).values()) - echo_before
             echo_cpu[1] += n_echo
             channel += chan.block(n_echo)
-            before = meter.snapshot()
+            before = meter.snapshot(before=True)
             stamped += dealer.stamped(n)
-            meter.add(before, meter.snapshot(), n)
+            meter.add(before, meter.snapshot(before=False), n)
             quiet_times += quiet_dealer.block(n)
             client_stamped += client.stamped(n)
             if fresh_dealer is not None:
-                before = fresh_meter.snapshot()
+                before = fresh_meter.snapshot(before=True)
                 fresh_stamped += fresh_dealer.stamped(n_fresh)
-                fresh_meter.add(before, fresh_meter.snapshot(), n_fresh)
+                fresh_meter.add(before, fresh_meter.snapshot(before=False), n_fresh)
         steps = codec_steps(dealer, sizes.microbench_repeat)
         fresh_cpu = fresh_meter.per_call() if fresh_dealer is not None else None
 
@@ -373,9 +387,9 @@ def cuts(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
         for _ in range(sizes.path_rounds):
             floor_block = echo.block(n_echo)
             for name, (dealer, meter, n) in variants.items():
-                before = meter.snapshot()
+                before = meter.snapshot(before=True)
                 block = dealer.block(n)
-                meter.add(before, meter.snapshot(), n)
+                meter.add(before, meter.snapshot(before=False), n)
                 times[name] += block
                 ratios[name].append(statistics.median(block) / statistics.median(floor_block))
     for name, (_dealer, meter, _n) in variants.items():
