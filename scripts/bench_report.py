@@ -63,7 +63,7 @@ def charts(results: dict[str, Any], out: Path) -> list[str]:
         draw(fig, fig_data)
         fig.text(0.01, 0.005, _machine_caption(fig_data), fontsize=7, color="0.4")
         fig.tight_layout(rect=(0, 0.03, 1, 1))
-        fig.savefig(out / f"{key}.png", dpi=90)
+        fig.savefig(out / f"{key}.png", dpi=90, bbox_inches="tight")
         plt.close(fig)
         written.append(f"{key}.png")
     return written
@@ -94,7 +94,7 @@ def _chart_round_trip(fig: Any, data: dict[str, Any]) -> None:
 def _chart_call_path(fig: Any, data: dict[str, Any]) -> None:
     ax = fig.add_subplot(1, 1, 1)
     hops = list(data["hops_us"].items())
-    names = [textwrap.fill(k, 52) for k, _ in hops][::-1]
+    names = [textwrap.fill(k, 40) for k, _ in hops][::-1]
     values = [v for _, v in hops][::-1]
     colors = ["tab:red" if "everything else" in n else "tab:green" if "hop" in n else "tab:purple" for n in names]
     ax.barh(range(len(values)), values, color=colors)
@@ -262,8 +262,12 @@ def _md_call_path(f: dict[str, Any]) -> list[str]:
     rt = f["round_trip_us"]
     rows += ["", "| round trip (p50, interleaved) | us |", "|---|---|"]
     rows += [f"| {k} | {v:.1f} |" for k, v in rt.items()]
+    rows += ["", "| codec and bookkeeping step (timed in-process on a real call's frames) | us |", "|---|---|"]
+    rows += [f"| {k} | {v['us']:.1f} |" for k, v in f["codec_us"].items()]
     rows += ["", "| CPU per call (schedstat) | us | times scheduled |", "|---|---|---|"]
     rows += [f"| {k} | {v['cpu_us']:.1f} | {v['scheduled']:.2f} |" for k, v in f["cpu_per_call"].items()]
+    rows += [f"| for comparison: the floor's echo server, per round trip | "
+             f"{f.get('floor_echo_server_cpu_per_round_trip_us', 0):.1f} | |"]
     ec = f["executor_client_us"]
     extra = (ec["extra over plain DEALER, request side (thread hand-off, future)"]
              + ec["extra over plain DEALER, reply side (thread hand-off, future)"])
@@ -273,7 +277,10 @@ def _md_call_path(f: dict[str, Any]) -> list[str]:
     sentence = (f"**What it means:** the executor's path has four process hops where the echo has two. Of the "
                 f"{total:.0f} us, the two wire hops at their floors cost {echo:.0f} + {channel:.0f} us, the codec on "
                 f"all hops about {codec:.0f} us, and the rest (red) is the processes' loops, per-call bookkeeping and "
-                f"wake-ups; `ExecutorClient`'s thread hand-off adds {extra:.0f} us; the per-call info log line is "
+                f"wake-ups: the supervisor's main thread alone spends "
+                f"{f['supervisor_main_thread_beyond_codec_us']:.0f} us of CPU per call beyond its codec steps, where "
+                f"the echo server spends {f.get('floor_echo_server_cpu_per_round_trip_us', 0):.0f} us in all. "
+                f"`ExecutorClient`'s thread hand-off adds {extra:.0f} us; the per-call info log line is "
                 f"worth {f['log_line_ab_us']:.0f} us in an A/B run (noise can make it negative).")
     fresh = f.get("fresh_worker_per_call")
     if fresh:
