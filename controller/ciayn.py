@@ -20,7 +20,8 @@ What it keeps from RA.Aid's CiaynAgent and what it fixes (see notes/raaid-behavi
   grammar is built from the tool specs, the next reply's grammar also leaves those tools out, once.
 
 For small models: ``prompt_style="compact"`` sends short instructions, ``few_shot=True`` adds
-demonstrated example turns (``prompts.example_turns``), and a grammar makes every reply a valid call.
+example turns generated from the offered tools (``prompts.example_turns``), a grammar makes every
+reply a valid call, and ``constrain_values`` narrows file names and answers to what the run has seen.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from controller.models import (
     split_content,
 )
 from controller.run import Abandoned, RunSkeleton
+from controller.seen import SeenValues
 from controller.toolclient import ToolClient
 from protocol import Call, CallRejected, Result, ToolSpec, fingerprint, strip_markup
 from protocol.grammar import parse_reply
@@ -63,7 +65,7 @@ DEFAULT_MAX_INVALID = 5
 DEFAULT_MAX_EMPTY = 3
 DEFAULT_MAX_HISTORY_MESSAGES = 50
 PromptStyle = Literal["full", "compact"]
-SMALL_MODEL_OPTIONS: Mapping[str, Any] = {"prompt_style": "compact", "few_shot": True}
+SMALL_MODEL_OPTIONS: Mapping[str, Any] = {"prompt_style": "compact", "few_shot": True, "constrain_values": True}
 """The agent options for a small local model (``ciayn run --prompt compact``, the local default)."""
 
 
@@ -87,7 +89,9 @@ class CiaynAgent(StreamingAgent):
     sent with every request, or True to build one from the tool specs (``controller.gbnf``).
     ``call_timeout`` overrides the executor's per-call timeout (seconds). ``prompt_style`` is
     ``full`` (every rule and docstring) or ``compact`` (short, for small models); ``few_shot`` puts
-    example turns (task, calls, results, completion) between the instructions and the task."""
+    example turns (task, calls, results, completion) between the instructions and the task;
+    ``constrain_values`` (with ``grammar=True``) narrows path, text and completion arguments to the
+    values the run has seen (``controller.seen``)."""
 
     def __init__(
         self,
@@ -109,6 +113,7 @@ class CiaynAgent(StreamingAgent):
         call_timeout: float | None = None,
         prompt_style: PromptStyle = "full",
         few_shot: bool = False,
+        constrain_values: bool = False,
     ) -> None:
         if max_steps < 1 or max_invalid < 1 or max_empty < 1:
             raise ValueError("max_steps, max_invalid and max_empty must each be at least 1")
@@ -133,6 +138,7 @@ class CiaynAgent(StreamingAgent):
         self.call_timeout = call_timeout
         self.prompt_style = prompt_style
         self.few_shot = few_shot
+        self.constrain_values = constrain_values
         super().__init__()
 
     @classmethod
@@ -176,7 +182,8 @@ class _Run(RunSkeleton):
     grammar: str | None = None  # of the offered tools
     step_grammar: str | None = None  # of this step's request: ``grammar``, or one without ``avoid``
     avoid: frozenset[str] = frozenset()  # tools the next reply may not call (it just looped on them)
-    narrowed: dict[frozenset[str], str | None] = field(default_factory=dict)
+    narrowed: dict[tuple[frozenset[str], int], str | None] = field(default_factory=dict)
+    seen: SeenValues | None = None  # values the run has seen, when the grammar is narrowed to them
     last_step: list[tuple[str, str]] = field(default_factory=list)  # the last step's calls and outcomes
     invalid: int = 0
     empty: int = 0
@@ -192,6 +199,8 @@ class _Run(RunSkeleton):
         if warning is not None:
             yield warning
         yield from self._resolve_grammar()
+        if a.constrain_values and a.grammar is True and isinstance(self.task, str):
+            self.seen = SeenValues.from_task(self.task)
         initial = self._initial_messages()
         count_tokens = getattr(a.model, "count_tokens", None) or estimate_tokens
         token_limit = a.max_history_tokens
@@ -294,18 +303,30 @@ class _Run(RunSkeleton):
         grammar is built from the tool specs here, and never every tool."""
         if self.agent.grammar is not True or self.grammar is None or not set(self.tools) - tools:
             return frozenset()
+        if self.seen is not None and self.seen.answer_ready():
+            # It has what the task asks for and goes round in circles: only finishing is left.
+            finishers = set(prompts.completion_tools(self.specs))
+            if finishers:
+                return frozenset(set(self.tools) - finishers)
         return frozenset(tools)
 
     def _grammar_without(self, avoid: frozenset[str]) -> str | None:
-        """The reply grammar without the ``avoid`` tools (built once per set); the full one if empty."""
-        if not avoid:
+        """The reply grammar without the ``avoid`` tools and, with ``constrain_values``, with path,
+        text and completion arguments narrowed to the values seen so far (``controller.seen``); built
+        once per combination. The full grammar when neither applies."""
+        seen = self.seen
+        if not avoid and (seen is None or self.grammar is None):
             return self.grammar
-        if avoid not in self.narrowed:
+        key = (avoid, seen.version if seen is not None else -1)
+        if key not in self.narrowed:
+            specs = [s for s in self.specs if s.name not in avoid]
+            if seen is not None:
+                specs = seen.constrain(specs)
             try:
-                self.narrowed[avoid] = build_grammar([s for s in self.specs if s.name not in avoid])
+                self.narrowed[key] = build_grammar(specs)
             except Exception:
-                self.narrowed[avoid] = self.grammar
-        return self.narrowed[avoid]
+                self.narrowed[key] = self.grammar
+        return self.narrowed[key]
 
     def _repeats_last_step(self, outcome: list[tuple[Call, Result | str]]) -> bool:
         """Whether this step made the same calls as the step before and got the same outcomes (then
@@ -379,6 +400,8 @@ class _Run(RunSkeleton):
             )
             result = yield from self.send_call(sent)
             self.tally.add_result(result)
+            if self.seen is not None:
+                self.seen.add_result(result, call)
             yield ToolResultEvent.from_result(step, sent.tool, result)
             self.record(call, result)
             yield from self.notes(sent.tool, result)

