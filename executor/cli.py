@@ -198,7 +198,7 @@ def _add_status_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=getattr(args, "log_level", "info").upper(),
-                        format=f"ciayn-executor[{os.getpid()}] %(levelname)s %(message)s")
+                        format=f"%(asctime)s ciayn-executor[{os.getpid()}] %(levelname)s %(message)s")
     if args.command == "serve":
         return _serve(args)
     if args.command == "broker":
