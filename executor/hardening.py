@@ -376,12 +376,18 @@ SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_ERRNO, SECCOMP_RET_ALLOW = 0x80000000, 0x0
 AUDIT_ARCH_X86_64 = 0xC000003E
 AF_NETLINK, AF_PACKET, SOCK_RAW, SOCK_TYPE_MASK = 16, 17, 3, 0xF
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C
+# Calls that take a file mode, and which argument holds it: a mode with S_ISUID/S_ISGID is refused.
+# With --workspace-rw the tools act as the workspace's owner (often root) there, and a setuid file
+# they made would be a setuid-root file on the host. (Writing to a file clears those bits anyway.)
+MODE_ARG = {90: 1, 91: 1, 85: 1, 2: 2, 268: 2, 452: 2, 257: 3}  # chmod fchmod creat open fchmodat fchmodat2 openat
+SETID_BITS = 0o6000
 EPERM, ENOSYS = 1, 38
 
 
 def seccomp_program() -> bytes:
     """The filter as ``struct sock_filter[]``: wrong architecture kills; x32 calls, the deny-list,
-    namespace flags on ``clone``, netlink/packet/raw sockets and terminal injection get EPERM;
+    namespace flags on ``clone``, netlink/packet/raw sockets, terminal injection and set-ID file
+    modes get EPERM;
     ``clone3`` gets ENOSYS (its flags cannot be inspected; libc falls back to ``clone``)."""
     prog: list[tuple[int, int | str, int | str, int]] = []  # (code, jt, jf, k); str = a label
 
@@ -400,7 +406,14 @@ def seccomp_program() -> bytes:
     op(_BPF_JEQ, NR_CLONE3, "enosys", 0)
     op(_BPF_JEQ, NR_SOCKET, "socket", 0)
     op(_BPF_JEQ, NR_IOCTL, "ioctl", 0)
+    for nr, arg in MODE_ARG.items():
+        op(_BPF_JEQ, nr, f"mode{arg}", 0)
     op(_BPF_RET, SECCOMP_RET_ALLOW)
+    for arg in sorted(set(MODE_ARG.values())):  # a file mode with set-user/group-ID bits
+        labels[f"mode{arg}"] = len(prog)
+        op(_BPF_LD_ABS, 16 + 8 * arg)
+        op(_BPF_JSET, SETID_BITS, "deny", 0)
+        op(_BPF_RET, SECCOMP_RET_ALLOW)
     labels["clone"] = len(prog)
     op(_BPF_LD_ABS, 16)  # args[0], low word: the flags
     op(_BPF_JSET, CLONE_NEW_ANY, "deny", 0)

@@ -462,6 +462,21 @@ def inherited_descriptors() -> list[str]:
 
 
 @tool
+def make_setuid_file() -> list[str]:
+    """Make a set-user-ID and a set-group-ID file in its scratch directory (chmod, and open with a mode)."""
+    def chmod(mode: int) -> str:
+        with open("/tmp/setid", "w") as f:
+            f.write("#!/bin/sh\n")
+        os.chmod("/tmp/setid", mode)
+        return f"chmod {mode:o}"
+
+    def create(mode: int) -> str:
+        os.close(os.open(f"/tmp/setid-{mode:o}", os.O_CREAT | os.O_WRONLY, mode))
+        return f"{oct(os.stat(f'/tmp/setid-{mode:o}').st_mode)}"
+    return [_attempt(chmod, 0o4755), _attempt(chmod, 0o2755), _attempt(create, 0o4755)]
+
+
+@tool
 def hold(seconds: float) -> str:
     """Sleep (a call whose worker the others try to reach)."""
     time.sleep(seconds)
@@ -591,6 +606,8 @@ ATTEMPTS: tuple[Attempt, ...] = (
     Attempt("seccomp", "call the denied system calls", "all EPERM", "forbidden_syscalls", lambda c: {},
             lambda o: o == []),
     Attempt("seccomp", "open netlink, packet and raw sockets", "EPERM", "special_sockets", lambda c: {}),
+    Attempt("seccomp", "make a set-user-ID or set-group-ID file", "EPERM", "make_setuid_file", lambda c: {},
+            _errno_in("EPERM")),
     Attempt("pid-ns", "see other processes", "only itself (pid 1)", "see_processes", lambda c: {},
             lambda o: o == [1]),
     Attempt("capabilities, no-new-privs, seccomp", "hold privileges", "uid != 0, no capabilities, nnp, seccomp",
