@@ -26,7 +26,7 @@ import msgpack
 from protocol import Call, Limits, Result
 
 RESULT_CACHE_BYTES = 128 * 1024 * 1024  # encoded results kept to answer resent ids
-MAX_EXECUTED_IDS = 1_000_000  # ids remembered as run (about 100 bytes each)...
+MAX_EXECUTED_IDS = 1_000_000  # ids remembered as run (about 120 bytes each)...
 EXECUTED_ID_TTL = 24 * 3600.0  # ...and for at least this long, unless the count bound is reached first
 MAX_QUEUE_BYTES = 1024 * 1024 * 1024  # default --max-queue-mb: encoded arguments of queued calls
 MAX_QUEUE_WAIT = 600.0  # default --max-queue-wait, seconds
@@ -42,7 +42,7 @@ class Job:
     limits: Limits
     arrived: float = 0.0
     size: int = 0  # encoded bytes of its tool, arguments and timeout
-    digest: int = 0  # of the same: a resend must match it
+    digest: int = 0  # 48 bits of a hash of the same: a resend must match it
     started: float = 0.0
     deadline: float = 0.0
     stdout: bytearray = field(default_factory=bytearray)
@@ -68,9 +68,18 @@ class _Cached:
 
 
 def fingerprint(call: Call) -> tuple[int, int]:
-    """(encoded size, digest) of what makes a call that call: tool, arguments and timeout."""
+    """(encoded size, 48-bit digest) of what makes a call that call: tool, arguments and timeout."""
     packed = msgpack.packb([call.tool, call.args, call.kwargs, call.timeout], use_bin_type=True)
-    return len(packed), hash(packed)
+    return len(packed), _digest48(hash(packed))
+
+
+def _digest48(digest: int) -> int:
+    return digest & 0xFFFF_FFFF_FFFF
+
+
+def _reused(cid: str) -> Result:
+    return Result.failure(cid, "protocol", "this id was already used for a different call (another tool, other "
+                          "arguments or another timeout); call ids must be unique: use a fresh one")
 
 
 class CallTable:
@@ -88,7 +97,7 @@ class CallTable:
         self.jobs: dict[str, Job] = {}
         self.queue: collections.deque[Job] = collections.deque()
         self.queued_bytes = 0
-        self.executed: dict[str, tuple[int, float]] = {}  # id -> (digest, accepted at); oldest first
+        self.executed: dict[int, int] = {}  # hash(id) -> digest48 << 32 | accepted at (s); oldest first
         self.cache: dict[str, _Cached] = {}  # id -> answer; oldest first
         self.cache_bytes = 0
         self.owner_bytes: collections.Counter[bytes] = collections.Counter()
@@ -101,21 +110,21 @@ class CallTable:
         """None for an id never accepted (or forgotten after it was refused or expired unrun);
         otherwise what to answer a resend."""
         cid = call.id or ""
-        ran = self.executed.get(cid)
-        if ran is None:
-            return None
-        if ran[0] != digest:
-            return Seen(refusal=Result.failure(
-                cid, "protocol", "this id was already used for a different call (another tool, other arguments "
-                "or another timeout); call ids must be unique: use a fresh one"))
-        cached = self.cache.get(cid)
-        if cached is not None:
-            return Seen(frames=cached.frames)
         job = self.jobs.get(cid)
         if job is not None:
+            if job.digest != _digest48(digest):
+                return Seen(refusal=_reused(cid))
             if route not in job.waiters:
                 job.waiters.append(route)
             return Seen(joined=True)
+        ran = self.executed.get(hash(cid))
+        if ran is None:
+            return None
+        if ran >> 32 != _digest48(digest):
+            return Seen(refusal=_reused(cid))
+        cached = self.cache.get(cid)
+        if cached is not None:
+            return Seen(frames=cached.frames)
         return Seen(refusal=Result.failure(
             cid, "unavailable", "this call already ran here and its result is no longer held (the result cache "
             "is bounded); it was not run again"))
@@ -139,13 +148,17 @@ class CallTable:
         return None
 
     def _record(self, cid: str, digest: int, now: float) -> None:
-        self.executed.pop(cid, None)
-        self.executed[cid] = (digest, now)
+        """Remember ``cid`` as run: keyed by its hash (Python's keyed SipHash: 64 bits no client can
+        aim at), valued by 48 bits of the call's digest and the second it was accepted, about 120
+        bytes an id. The oldest go past the count or age bound (a call still queued or running is
+        known from ``jobs`` anyway)."""
+        key = hash(cid)
+        self.executed.pop(key, None)
+        self.executed[key] = digest << 32 | int(now) & 0xFFFFFFFF
         while self.executed:
             oldest = next(iter(self.executed))
-            if len(self.executed) <= self.max_executed and now - self.executed[oldest][1] < self.executed_ttl:
-                break
-            if oldest in self.jobs:  # still queued or running: it must stay known
+            if len(self.executed) <= self.max_executed and int(now) - (self.executed[oldest] & 0xFFFFFFFF) < \
+                    self.executed_ttl:
                 break
             del self.executed[oldest]
 
@@ -194,13 +207,26 @@ class CallTable:
             job.call_id, "unavailable",
             f"the call waited {waited:.1f} s in the executor's queue ({bound}, {self.queue_wait_bound(job):g} s, "
             f"ran out before a worker was free); it did not run")))
-        self.executed.pop(job.call_id, None)  # it never ran: the same id may be sent again
+        self.executed.pop(hash(job.call_id), None)  # it never ran: the same id may be sent again
 
     def take_expired(self) -> list[tuple[Job, Result]]:
         expired, self.expired = self.expired, []
         for job, _ in expired:
             self.jobs.pop(job.call_id, None)
         return expired
+
+    def requeue(self, job: Job) -> None:
+        """Put a call back at the head of the queue: its worker died before it started the tool, so
+        it did not run. The time it already spent counts against its timeout."""
+        now = time.monotonic()
+        if job.started:
+            left = job.limits.timeout_s - (now - job.started)
+            job.limits = job.limits.model_copy(update={"timeout_s": max(left, 0.001)})
+        job.arrived, job.outcome = now, None
+        job.stdout.clear()
+        job.stderr.clear()
+        self.queue.appendleft(job)
+        self.queued_bytes += job.size
 
     def unqueue(self, job: Job) -> bool:
         """Take a job out of the queue (cancelled before it started); False if it is not queued."""

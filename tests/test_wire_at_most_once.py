@@ -17,7 +17,8 @@ import zmq
 
 from controller import ExecutorClient, LocalExecutor
 from controller.client import UNAVAILABLE_AFTER
-from protocol import Call, Cancel, Ping, Pong, Report, Result, Status, decode, encode
+from executor.calls import CallTable, Job, fingerprint
+from protocol import Call, Cancel, Limits, Ping, Pong, Report, Result, Status, decode, encode
 
 SLACK = 3.0  # seconds a bound may take on a loaded 2-core machine
 
@@ -169,3 +170,40 @@ def test_a_burst_of_submits_is_all_sent_and_all_answered(make_client: Callable[.
     kinds = {r.error.kind if r.error else "ok" for r in results}
     assert kinds <= {"ok", "unavailable"}, kinds
     assert sum(r.ok for r in results) >= 64
+
+
+# ------------------------------------------------------------------ the call table's own bounds
+
+
+def _job(cid: str, tool: str = "noop") -> Job:
+    call = Call(id=cid, tool=tool)
+    size, digest = fingerprint(call)
+    return Job(call=call, call_id=cid, waiters=[b"r"], limits=Limits(), size=size, digest=digest)
+
+
+def test_the_executed_id_set_is_bounded_by_count_and_age_and_running_calls_stay_joinable() -> None:
+    table = CallTable(max_queue=100, max_executed=3, executed_ttl=60.0)
+    jobs = [_job(f"id-{i}") for i in range(5)]
+    now = time.monotonic()
+    for job in jobs:
+        assert table.admit(job, now) is None
+    assert len(table.executed) == 3
+    # id-0 left the executed set, but it is still queued: a resend joins it, never a second copy.
+    seen = table.seen(b"other", jobs[0].call, jobs[0].digest)
+    assert seen is not None and seen.joined and b"other" in jobs[0].waiters
+    for job in jobs:
+        assert table.next_queued() is job
+        table.done(job)
+        table.remember(job.call_id, [b"answer"], b"r")
+    late = _job("id-9")
+    assert table.admit(late, now + 61) is None  # a minute later: all but the newest have aged out
+    assert list(table.executed) == [hash("id-9")]
+    assert table.seen(b"r", _job("id-9", tool="other").call, _job("id-9", tool="other").digest) is not None
+
+
+def test_the_result_cache_evicts_the_heaviest_client_first() -> None:
+    table = CallTable(max_queue=10, cache_bytes=100)
+    table.remember("a-1", [b"x" * 30], b"alice")
+    for i in range(3):
+        table.remember(f"m-{i}", [b"x" * 30], b"mallory")
+    assert "a-1" in table.cache and "m-0" not in table.cache and table.cache_bytes <= 100
