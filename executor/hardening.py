@@ -107,6 +107,7 @@ STAGE = "/dev/shm"  # where the template mounts the root it builds (in its own m
 SECRET_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
 DEVICES = ("null", "zero", "full", "random", "urandom")
 NOBODY = 65534
+TMPFS_INODES = 65536  # files in /tmp or /dev/shm: their inodes are kernel memory
 
 
 class LayerError(Exception):
@@ -258,10 +259,10 @@ def _apply_cgroups(sb: Sandbox) -> None:
 
 def _apply_filesystem(sb: Sandbox) -> None:
     root = sb.root
-    size = f"size={sb.config.tmp_mb}m,mode=1777"
+    size = f"size={sb.config.tmp_mb}m,nr_inodes={TMPFS_INODES},mode=1777"
     _mount("tmpfs", root + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, size)
     _mount("tmpfs", root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-           f"size={sb.config.shm_mb}m,mode=1777")
+           f"size={sb.config.shm_mb}m,nr_inodes={TMPFS_INODES},mode=1777")
     for src, dst, readonly in sb.late_binds:  # under /tmp: only now, on top of the new /tmp
         _mountpoint(root, dst)
         _bind(src, root + dst, readonly)
@@ -326,6 +327,7 @@ def _apply_no_new_privs(sb: Sandbox) -> None:
 
 # Landlock (raw syscalls: the PyPI binding covers file rights only, not network rules or scopes)
 LL_EXECUTE, LL_WRITE_FILE, LL_READ_FILE, LL_READ_DIR = 1, 2, 4, 8
+LL_MAKE_CHAR, LL_MAKE_SOCK, LL_MAKE_FIFO, LL_MAKE_BLOCK = 64, 512, 1024, 2048
 LL_FS_ABI1 = (1 << 13) - 1
 LL_REFER, LL_TRUNCATE, LL_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15
 LL_NET_BIND_TCP, LL_NET_CONNECT_TCP = 1, 2
@@ -352,10 +354,14 @@ def _apply_landlock(sb: Sandbox) -> None:
     ruleset = _check("landlock", "landlock_create_ruleset",
                      _syscall(NR_LANDLOCK_CREATE_RULESET, buf, ctypes.c_size_t(len(attr)), ctypes.c_uint32(0)))
     try:
-        writable = ["/tmp", "/dev/shm"] + ([sb.config.workspace] if sb.config.workspace_rw else [])
+        # The shared workspace takes files and directories, no sockets, FIFOs or devices (no
+        # rendezvous there for calls running side by side, nothing for the host to trip on).
+        special = LL_MAKE_SOCK | LL_MAKE_FIFO | LL_MAKE_CHAR | LL_MAKE_BLOCK
+        writable = [("/tmp", fs), ("/dev/shm", fs)]
+        writable += [(sb.config.workspace, fs & ~special)] if sb.config.workspace_rw else []
         rules = [("/", LL_EXECUTE | LL_READ_FILE | LL_READ_DIR),
                  ("/dev", LL_READ_FILE | LL_WRITE_FILE | (LL_IOCTL_DEV if abi >= 5 else 0))]
-        rules += [(p, fs) for p in writable]
+        rules += writable
         for path, rights in rules:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             try:
