@@ -29,7 +29,8 @@ cgroup-ns      ``/proc/self/cgroup`` shows ``/``: its groups' place is invisible
 filesystem     read-only view of what tools need (``/usr``, ``/etc`` without shadow files, the
                interpreter, venv and tool modules, the workspace), size-capped tmpfs ``/tmp`` (the
                cwd) and ``/dev/shm``, own ``/proc`` with ``/proc/sys`` read-only, no ``/sys``, no
-               home directories, no socket directory of the executor
+               home directories, no socket directory of the executor. With ``--workspace-rw`` the
+               workspace is an idmapped mount: in it the tools act as its owner
 rlimits        hard = soft for the limits not set per call (stack, address space, processes, ...)
 capabilities   bounding, ambient and inheritable sets emptied
 identity       unprivileged uid/gid (default nobody), no supplementary groups
@@ -37,7 +38,8 @@ no-new-privs   setuid binaries and file capabilities grant nothing
 landlock       writes only under ``/tmp``, ``/dev/shm`` (and the workspace with ``--workspace-rw``);
                no TCP bind/connect; no signals or abstract sockets outside the sandbox
 seccomp        ptrace, process_vm_*, pidfd_*, mount family, unshare/setns/namespace clones, bpf,
-               perf_event_open, kexec, keyctl, raw and netlink sockets, io_uring, ... give EPERM
+               perf_event_open, kexec, keyctl, raw and netlink sockets, io_uring, set-ID file
+               modes, ... give EPERM
 =============  =====================================================================================
 """
 
