@@ -76,3 +76,13 @@ def test_the_spec_lists_every_error_kind() -> None:
     table = SPEC[SPEC.index("### Error kinds") :]
     for kind in ERROR_KINDS:
         assert f"| `{kind}` |" in table
+
+
+def test_the_executor_options_the_spec_names_exist() -> None:
+    from executor.cli import build_parser
+
+    serve = build_parser().parse_args(["serve", "--tools", "x", "--bind", "ipc:///x"])
+    for option in ("--max-queue", "--max-queue-mb", "--max-queue-wait", "--insecure", "--curve-secret",
+                   "--curve-clients"):
+        assert f"`{option}`" in SPEC
+        assert hasattr(serve, option.lstrip("-").replace("-", "_"))
