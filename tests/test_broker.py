@@ -3,6 +3,7 @@ fairness across clients, refusing a conflicting tool, status and metrics. Real p
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -270,6 +271,26 @@ def test_a_restarted_broker_is_silent_long_enough_for_clients_to_resend_but_not_
     from protocol.timing import HEARTBEAT_INTERVAL, RECOVERY_WINDOW
 
     assert client.SILENCE_BEFORE_RECONNECT + HEARTBEAT_INTERVAL < RECOVERY_WINDOW < client.UNAVAILABLE_AFTER
+
+
+def test_reconnection_backs_off_exponentially_up_to_a_bound() -> None:
+    from protocol.timing import RECONNECT_INITIAL, RECONNECT_MAX, backoff
+
+    waits = [backoff(n) for n in range(10)]
+    assert waits[0] == RECONNECT_INITIAL and waits[1] == 2 * RECONNECT_INITIAL
+    assert all(b == min(RECONNECT_MAX, 2 * a) for a, b in itertools.pairwise(waits))
+    assert max(waits) == RECONNECT_MAX == backoff(10**6)
+
+
+def test_status_latency_quantiles_are_upper_bounds_from_the_histogram() -> None:
+    from executor.metrics import CallStats, quantile
+
+    stats = CallStats()
+    for wall in (0.002, 0.002, 0.003, 0.2):
+        stats.observe("t", Result(id="x", ok=True), wall)
+    [t] = stats.tool_stats()
+    assert t.calls == 4 and t.buckets[-1] == 4
+    assert quantile(t, 0.5) == 0.0025 and quantile(t, 0.95) == 0.25
 
 
 def test_cli_refuses_contradictory_pool_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
