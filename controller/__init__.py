@@ -8,6 +8,7 @@ from controller.agent import Agent, create_agent
 from controller.backend import choose_backend, should_use_react_agent
 from controller.client import ExecutorClient, ExecutorUnavailable
 from controller.local import ExecutorStartError, LocalExecutor
+from controller.toolclient import ToolClient
 
 __all__ = [
     "Agent",
@@ -15,6 +16,7 @@ __all__ = [
     "ExecutorStartError",
     "ExecutorUnavailable",
     "LocalExecutor",
+    "ToolClient",
     "choose_backend",
     "create_agent",
     "should_use_react_agent",

@@ -23,6 +23,7 @@ from controller.backend import Backend, BackendChoice, choose_backend
 from controller.ciayn import CiaynAgent
 from controller.events import Finished, Notice, StepEvent, final_event
 from controller.models import Model, ModelConfig
+from controller.toolclient import ToolClient
 
 _MODEL_FIELDS = {f.name for f in dataclasses.fields(ModelConfig)} - {"model"}
 _CHOICE_KEYS = ("backends", "supports_function_calling")
@@ -89,12 +90,13 @@ def _options_for(backend: Backend, options: Mapping[str, Any]) -> dict[str, Any]
 
 def create_agent(
     model: str | ModelConfig | Model | Any,
-    client: Any,
+    client: ToolClient,
     *,
     backend: str = "auto",
     **config: Any,
 ) -> Agent:
-    """An agent for ``model`` over the executor ``client``.
+    """An agent for ``model`` over the executor ``client`` (any ``controller.toolclient.ToolClient``:
+    an ``ExecutorClient``, a started ``LocalExecutor``, an in-process fake).
 
     ``backend`` is ``auto`` (see ``controller.backend.choose_backend``), ``react`` or ``ciayn``.
     ``config`` mixes model settings (the fields of ``ModelConfig``: ``api_base``, ``temperature``,
@@ -108,7 +110,7 @@ def create_agent(
     choice_config = {k: config.pop(k) for k in _CHOICE_KEYS if k in config}
     allow_tools = config.pop("allow_tools", None)
     if allow_tools is not None:
-        client = AllowedTools(client, allow_tools)
+        client = AllowedTools(client, allow_tools)  # a ToolClient too
     settings = {k: config.pop(k) for k in list(config) if k in _MODEL_FIELDS}
     if isinstance(model, str):
         model = ModelConfig(model=model, **settings)

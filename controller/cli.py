@@ -212,6 +212,7 @@ def _curve_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 SOCKET_WAIT_S = 10.0  # an executor started a moment ago may not have bound its socket yet
+EXECUTOR_WAIT_S = 10.0  # how long a running executor may take to answer the first time
 FIRST_ANSWER_S = 1.0  # after this long without an answer, say that ciayn is waiting (and for how long)
 PRIVATE_ONLY = (("workspace", "--workspace"), ("memory_mb", "--memory-mb"), ("pass_env", "--pass-env"))
 
@@ -254,24 +255,13 @@ def check_executor_args(args: argparse.Namespace, say: Say = _say_on_stderr) -> 
                                 f"{args.executor} --tools ...`, or check the path.")
 
 
-def _pass_env_supported() -> bool:
-    """Whether this installation's ``ciayn-executor serve`` takes ``--pass-env``."""
-    import subprocess
-
-    try:
-        out = subprocess.run([sys.executable, "-m", "executor.cli", "serve", "--help"], capture_output=True,
-                             text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return "--pass-env" in out
-
-
 @contextlib.contextmanager
 def open_executor(args: argparse.Namespace, say: Say = _say_on_stderr) -> Iterator[ExecutorClient]:
     check_executor_args(args, say)
     if args.executor:
         try:
-            client = ExecutorClient(args.executor, timeout=args.timeout, **_curve_options(args))
+            client = ExecutorClient(args.executor, timeout=args.timeout, connect_timeout=EXECUTOR_WAIT_S,
+                                    **_curve_options(args))
         except ValueError as e:
             raise UserError(f"{e}. Endpoints look like ipc:///path/to/socket or tcp://host:port.") from None
         try:
@@ -300,9 +290,6 @@ def open_executor(args: argparse.Namespace, say: Say = _say_on_stderr) -> Iterat
         limits["memory_mb"] = args.memory_mb
     if args.log_level:
         limits["log_level"] = args.log_level
-    if args.pass_env and not _pass_env_supported():
-        raise UserError("--pass-env needs an executor that supports it (`ciayn-executor serve --pass-env`); this "
-                        "installation's does not.")
     local = LocalExecutor(tools=args.tools or [BUILTIN_TOOLS], workspace=workspace, pass_env=args.pass_env or (),
                           **limits)
     _LOCAL_PROCESSES.append(local)

@@ -388,3 +388,34 @@ def test_a_sigkilled_controller_leaves_no_executor_directory_behind(tmp_path: Pa
     mine = tmp_path / f"{DIR_PREFIX}{os.getpid()}-alive"
     mine.mkdir()
     assert sweep_stale_dirs(str(tmp_path)) == [] and mine.exists()  # a live controller's dir is kept
+
+
+def test_waiting_for_a_silent_tcp_endpoint_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(cli, "FIRST_ANSWER_S", 0.2)
+    monkeypatch.setattr(cli, "EXECUTOR_WAIT_S", 0.6)
+    assert cli.main(["tools", "--executor", f"tcp://127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err
+    assert f"no answer yet from the executor at tcp://127.0.0.1:{port}; waiting up to 0.4 s more" in err
+    assert f"ciayn-executor serve --bind tcp://127.0.0.1:{port}" in err
+
+
+def test_pass_env_hands_a_variable_to_the_tools_of_a_private_executor(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CIAYN_TEST_TOKEN", "s3cret")
+    base = ["call", "env_value(name='CIAYN_TEST_TOKEN')", "--tools", CIAYN_TOOLS, "--workspace", str(workspace)]
+    assert cli.main(base) == 0
+    assert capsys.readouterr().out.strip() == "(unset)"  # withheld by default
+    assert cli.main([*base, "--pass-env", "CIAYN_TEST_TOKEN"]) == 0
+    assert capsys.readouterr().out.strip() == "s3cret"
+    with LocalExecutor(tools=[CIAYN_TOOLS], pass_env=["CIAYN_TEST_TOKEN"]) as client:
+        from protocol import Call
+
+        assert client.call(Call(tool="env_value", args=["CIAYN_TEST_TOKEN"], id="env-1")).value == "s3cret"

@@ -29,6 +29,7 @@ from controller.events import (
     Notice,
     Rejected,
     StepEvent,
+    StepStarted,
     ToolCallEvent,
     ToolResultEvent,
     Usage,
@@ -229,6 +230,15 @@ def test_a_no_repeat_tool_is_not_rerun_with_the_same_arguments_defaults_applied(
     [refused] = of(Rejected, events)
     assert refused.code == "repeat" and "lookup(key='k') was not run" in refused.message
     assert "was not run" in str(tool_messages(model.received[2])[-1].content)
+
+
+def test_every_step_has_its_header_tool_call_steps_included(make_client: Any, workspace: Path) -> None:
+    client = make_client(tools=[CIAYN_TOOLS], workspace=workspace)
+    model = ScriptedChat(script=[calls(("tick", {})), calls(("tick", {})), say("counted")])
+    events = run(ReactAgent(model, client))
+    assert [e.step for e in of(StepStarted, events)] == [1, 2, 3]
+    first_call = next(i for i, e in enumerate(events) if isinstance(e, ToolCallEvent))
+    assert any(isinstance(e, StepStarted) for e in events[:first_call])  # the header before the reply
 
 
 def test_repeated_tool_call_ids_from_the_model_still_run_each_call(make_client: Any, workspace: Path) -> None:

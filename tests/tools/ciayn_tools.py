@@ -85,6 +85,12 @@ def deploy(target: str, count: int = 1) -> str:
 
 
 @tool
+def env_value(name: str) -> str:
+    """The value of an environment variable in the worker, or '(unset)'."""
+    return os.environ.get(name, "(unset)")
+
+
+@tool
 def same() -> str:
     """Return the same text every time."""
     return "the same"
