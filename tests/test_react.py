@@ -210,7 +210,8 @@ def test_of_parallel_calls_of_tools_not_bundleable_only_the_first_runs(make_clie
     fed_back = tool_messages(model.received[1])
     assert [m.tool_call_id for m in fed_back] == ["first", "second"]  # every call gets its answer
     assert "Send it again in a reply of its own" in str(fed_back[1].content) and fed_back[1].status == "error"
-    assert events[-1].calls == 1  # type: ignore[attr-defined]
+    finished = events[-1]
+    assert isinstance(finished, Finished) and finished.calls == 1
 
 
 def test_a_no_repeat_tool_is_not_rerun_with_the_same_arguments_defaults_applied(
