@@ -242,9 +242,7 @@ class Broker:
                     self._on_frontend()
                 self._tick(time.monotonic())
         finally:
-            log.info("broker stopping")
-            for route, _member in list(self.members.items()):
-                self._send_backend(route, Bye(reason="the broker is stopping"))
+            log.info("broker stopping")  # executors notice the silence and reconnect to its next run
             self.close()
             os.close(wake_r)
             os.close(wake_w)

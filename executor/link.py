@@ -117,7 +117,7 @@ class BrokerLink:
                     self.failed = f"the broker at {self.endpoint} refused this executor: {msg.reason}"
                     log.error("%s", self.failed)
                 elif now - self.announced > HEARTBEAT_INTERVAL / 2:  # not for each stale heartbeat it saw
-                    log.info("the broker does not know this executor (%s); announcing again", msg.reason)
+                    log.info("the broker asks this executor to announce itself again (%s)", msg.reason)
                     self._announce(now)
                 continue
             yield BROKER, msg

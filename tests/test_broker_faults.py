@@ -127,7 +127,7 @@ def test_broker_killed_and_restarted_mid_run_loses_no_answer_and_runs_nothing_tw
     assert all(e.poll() is None for e in executors), "the executors recovered without restarting"
     if outage == "at once":
         assert not any("has been silent" in pool.log(e) for e in executors)
-        assert all("announcing again" in pool.log(e) for e in executors)
+        assert all("announce itself again" in pool.log(e) for e in executors)
 
 
 def test_calls_of_an_idempotent_tool_are_rerun_once_elsewhere_when_their_executor_dies(
