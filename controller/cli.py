@@ -383,7 +383,10 @@ def cmd_call(args: argparse.Namespace) -> int:
                                "(Ctrl-C again to exit at once)")
                 stopping.set()
 
-            with interruptible(cancel):
+            from controller.render import Transcript, make_console
+
+            with interruptible(cancel), Transcript(console=make_console(stderr=True)) as status:
+                status.set_status(f"running {args.text} in the executor")  # at a terminal: a status line
                 result = call_until_stopped(client, call, args.timeout, stopping)
     if args.json:
         print(result.model_dump_json(indent=2))
