@@ -191,6 +191,8 @@ def test_a_tool_that_forges_its_reply_and_stays_never_sees_or_answers_a_later_ca
 ) -> None:
     seen = tmp_path / "requests-the-squatter-read.log"
     forged = client.call(Call(tool="forge_reply_then_serve", kwargs={"log": str(seen), "seconds": 30}))
+    # The supervisor takes the forgery as the tool's own result (its own to make), or sees through it.
+    assert forged.value == "forged" or (forged.error is not None and forged.error.kind == "crashed"), forged
     assert forged.worker is not None
     squatter = forged.worker.pid
     # Its own call may carry its forgery (that result is the tool's to make); no other call may.
@@ -347,7 +349,8 @@ def test_secrets_in_the_executors_environment_are_not_in_a_tools_environment(
     "its process image started with, kept on its stack) still holds every variable the executor was started "
     "with, and so does the template's /proc/<ppid>/environ; os.environ.clear() in the template does not "
     "touch that memory. `OPENAI_API_KEY=x ciayn-executor serve ...` then a tool reading /proc/self/environ "
-    "gets x. (LocalExecutor and ciayn filter before exec, so they are not affected.)"))
+    "gets x. (LocalExecutor and ciayn filter before exec, and the hardened profile's start gate re-execs "
+    "without them, so those are not affected.)"))
 def test_secrets_in_the_executors_environment_are_not_in_proc_environ(
     start_raw: Callable[..., LocalExecutor],
 ) -> None:
@@ -473,6 +476,10 @@ def test_a_child_left_in_uninterruptible_sleep_does_not_wedge_the_executor(
         after, took = timed(client, "echo", timeout=TEMPLATE_ANSWER_TIMEOUT + 1, value=i)
         assert after.ok and after.value == i, after
         assert took < TEMPLATE_ANSWER_TIMEOUT + GRACE, f"call {i} took {took:.1f} s"
+    frozen = [int(pid) for pid in (freezer / "cgroup.procs").read_text().split()]
+    assert frozen, "the premise: the child is still there, frozen"
+    thaw(freezer)  # only now can it die; then nothing of the attack may be left
+    wait_until("the child to die once thawed", lambda: not any(_alive(pid) for pid in frozen), timeout=5)
     held(client.local)  # type: ignore[attr-defined]
 
 
