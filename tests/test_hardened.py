@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import os
 import socket
@@ -259,7 +260,8 @@ def test_result_lists_the_layers_and_a_cpu_hog_is_a_timeout(make_client: Any, tm
 # (test_executor_faults.py's fault table and test_attacks.py's takeovers, which are holes of the
 # default profile: pinned there as strict xfails, closed here)
 
-from test_attacks import ATTACKS  # noqa: E402 (tests/ is on sys.path: pytest's rootdir-relative import)
+import test_attacks as attack_suite  # noqa: E402 (tests/ is on sys.path: pytest's rootdir-relative import)
+from test_attacks import ATTACKS  # noqa: E402
 from test_executor_faults import FAULTS, ROUNDS, Wire, _start, _survives  # noqa: E402
 
 
@@ -345,3 +347,41 @@ def test_a_fork_that_failed_after_the_pid_namespace_was_prepared_does_not_wedge_
         finally:
             os._exit(code)
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+# The rest of the hostile-tool suite (tests/test_attacks.py), run as written against a hardened
+# executor; and its template-rewrite hole, closed here (no parent to reach: getppid() is 0).
+ATTACK_SUITE = (
+    "test_a_tool_that_forges_its_reply_and_stays_never_sees_or_answers_a_later_call",
+    "test_a_tool_that_patches_the_registry_changes_no_later_call",
+    "test_a_thread_left_running_writes_nothing_into_the_next_call",
+    "test_an_alarm_armed_for_the_next_call_never_fires_in_it",
+    "test_a_worker_holds_only_stdin_stdout_stderr_and_its_channel",
+    "test_the_controllers_pidfd_is_not_inherited",
+    "test_no_clear_refs_descriptor_is_held",
+    "test_a_50_mb_exception_type_name_arrives_cut_with_a_note",
+    "test_a_50_mb_exception_message_arrives_cut_with_a_note",
+    "test_40_mb_of_signals_arrive_cut_with_a_note",
+    "test_40_mb_in_40000_signals_arrive_cut_with_a_note",
+    "test_a_tool_cannot_rewrite_the_template_that_later_workers_are_forked_from",
+    "test_a_tool_cannot_take_over_the_workers_forked_for_later_calls",
+)
+
+
+@pytest.fixture(scope="module")
+def hardened_attack_suite() -> Iterator[LocalExecutor]:
+    local = attack_suite._start(profile="hardened")
+    yield local
+    local.stop()
+
+
+@pytest.mark.parametrize("name", ATTACK_SUITE)
+def test_the_hostile_tool_suite_holds_under_hardened(name: str, hardened_attack_suite: LocalExecutor,
+                                                     make_client: Any, tmp_path: Path) -> None:
+    def hardened_client(tools: list[str] | None = None, **options: Any) -> Any:
+        return make_client(tools, profile="hardened", **options)
+
+    test = getattr(attack_suite, name)
+    given = {"executor": hardened_attack_suite, "client": hardened_attack_suite.client, "tmp_path": tmp_path,
+             "make_client": hardened_client}
+    test(**{k: v for k, v in given.items() if k in inspect.signature(test).parameters})
