@@ -483,8 +483,17 @@ class Broker:
     def _expire_queued(self, now: float) -> None:
         """A call that waited in the queue for its whole timeout is answered: it did not run."""
         for route in list(self.queues):
-            for job in [j for j in self.queues[route] if now - j.queued_at > j.timeout]:
-                self._unqueue(job)
+            q = self.queues[route]
+            expired = [j for j in q if now - j.queued_at > j.timeout]
+            if not expired:
+                continue
+            kept = collections.deque(j for j in q if now - j.queued_at <= j.timeout)  # one pass, not one per call
+            self.queued -= len(q) - len(kept)
+            if kept:
+                self.queues[route] = kept
+            else:
+                del self.queues[route]
+            for job in expired:
                 why = (f"no executor with the tool {job.call.tool!r} had a free worker"
                        if self.members else "no executor is connected to the broker")
                 self._finish(job, Result.failure(job.call.id or "", "unavailable",

@@ -85,6 +85,25 @@ def test_calls_go_to_the_least_loaded_executor_and_never_beyond_its_workers(pool
     assert by_executor in ([1, 3], [2, 2])
 
 
+def test_a_call_that_waits_in_the_broker_for_its_whole_timeout_is_answered_unavailable_unrun(
+        pool: Pool, tmp_path: Path) -> None:
+    log = tmp_path / "side-effects.log"
+    pool.start_broker()
+    pool.add_executor([POOL_TOOLS], workers=1)
+    pool.wait_for_executors(1)
+    with ExecutorClient(pool.frontend) as client:
+        client.tools()
+        busy = client.submit(Call(tool="work", kwargs={"tag": "busy", "log": str(log), "seconds": 3}))
+        wait_until("the worker to be busy", lambda: (r := pool.status()) is not None and r.busy == 1)
+        started = time.monotonic()
+        r = client.call(Call(tool="work", kwargs={"tag": "late", "log": str(log)}, timeout=0.5))
+        waited = time.monotonic() - started
+        assert busy.result(timeout=30).ok
+    assert r.error is not None and r.error.kind == "unavailable" and "did not run" in r.error.message
+    assert waited < 2.0, "answered by the broker at the call's timeout, not by the client's own bound"
+    assert log.read_text().split()[0::2] == ["busy"]
+
+
 def test_a_second_executor_serving_a_tool_of_the_same_name_differently_is_refused(pool: Pool) -> None:
     pool.start_broker()
     pool.add_executor([POOL_TOOLS], workers=1)
