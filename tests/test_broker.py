@@ -19,7 +19,20 @@ import zmq
 from controller import ExecutorClient
 from executor.cli import main
 from executor.status import fetch
-from protocol import Call, Heartbeat, Limits, Param, Ready, Result, ToolSpec, decode, encode
+from protocol import (
+    Call,
+    Cancel,
+    Heartbeat,
+    Limits,
+    Param,
+    Ready,
+    Report,
+    Result,
+    Status,
+    ToolSpec,
+    decode,
+    encode,
+)
 from protocol.curve import keygen
 from tests.pool import ALPHA, BETA, CONFLICT, POOL_TOOLS, ROOT, Pool, free_port, wait_until
 
@@ -102,6 +115,40 @@ def test_a_call_that_waits_in_the_broker_for_its_whole_timeout_is_answered_unava
     assert r.error is not None and r.error.kind == "unavailable" and "did not run" in r.error.message
     assert waited < 2.0, "answered by the broker at the call's timeout, not by the client's own bound"
     assert log.read_text().split()[0::2] == ["busy"]
+
+
+def test_only_the_caller_can_cancel_a_call_queued_in_the_broker_or_running_on_an_executor(pool: Pool) -> None:
+    pool.start_broker()
+    pool.add_executor([POOL_TOOLS], workers=1)
+    pool.wait_for_executors(1)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        with ExecutorClient(pool.frontend) as client:
+            client.tools()
+            running = Call(tool="work", kwargs={"tag": "r", "seconds": 30}, id=uuid.uuid4().hex)
+            queued = Call(tool="work", kwargs={"tag": "q", "seconds": 30}, id=uuid.uuid4().hex)
+            futures = [client.submit(running), client.submit(queued)]
+            wait_until("one running, one queued",
+                       lambda: (r := pool.status()) is not None and (r.busy, r.queued) == (1, 1))
+            stranger = ctx.socket(zmq.DEALER)
+            stranger.setsockopt(zmq.LINGER, 0)
+            stranger.connect(pool.frontend)
+            for c in (running, queued):
+                stranger.send_multipart(encode(Cancel(id=c.id or "")))
+            stranger.send_multipart(encode(Status()))  # answered after the cancels were handled
+            assert stranger.poll(10_000)
+            report = decode(stranger.recv_multipart())
+            assert isinstance(report, Report) and (report.busy, report.queued) == (1, 1)
+            watch_until = time.monotonic() + 1.0  # a cancel honoured would end the running call within this
+            while time.monotonic() < watch_until:
+                assert not any(f.done() for f in futures)
+                time.sleep(0.05)
+            for c in (queued, running):
+                client.cancel(c.id or "")
+            results = [f.result(timeout=10) for f in futures]
+    finally:
+        ctx.destroy(0)
+    assert [r.error.kind if r.error else None for r in results] == ["cancelled", "cancelled"]
 
 
 def test_a_second_executor_serving_a_tool_of_the_same_name_differently_is_refused(pool: Pool) -> None:
