@@ -361,6 +361,25 @@ def test_secrets_in_the_executors_environment_are_not_in_proc_environ(
     assert seen["proc_parent"] == {}, f"the template's /proc/<pid>/environ holds {sorted(seen['proc_parent'])}"
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE: the supervisor's environment (os.environ's str objects, posix.environ's bytes) lives on in the "
+    "heap that the template and every worker inherit by fork: cleared and freed, never overwritten. A tool "
+    "reading its own address space (ctypes.string_at over /proc/self/maps: no permission needed) finds "
+    "OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY and GITHUB_TOKEN of `OPENAI_API_KEY=x ciayn-executor serve ...`. "
+    "Reproduce: attacks.secrets_in_memory([[half, half], ...]). The hardened profile's start gate re-execs "
+    "without them and holds; the default profile would need the same re-exec (an exec, not a scrub)."))
+def test_secrets_in_the_executors_environment_are_not_in_a_workers_memory(
+    start_raw: Callable[..., LocalExecutor],
+) -> None:
+    local = start_raw(env={**os.environ, **SECRETS})
+    assert local.client is not None
+    halves = [[v[: len(v) // 2], v[len(v) // 2 :]] for v in SECRETS.values()]  # never whole in the request
+    found = local.client.call(Call(tool="secrets_in_memory", args=[halves]))
+    assert found.ok, found.error
+    assert found.value["posix_environ"] == [], "posix.environ (the interpreter's copy) still holds them"
+    assert found.value["memory"] == [], f"the worker's memory holds {len(found.value['memory'])} of the secrets"
+
+
 def test_pass_env_hands_on_exactly_the_variables_named(start_raw: Callable[..., LocalExecutor]) -> None:
     local = start_raw(env={**os.environ, **SECRETS, "CIAYN_ATTACK_ONE": "1", "CIAYN_ATTACK_TWO": "2"},
                       pass_env=["GITHUB_TOKEN", "CIAYN_ATTACK_*"])

@@ -305,6 +305,35 @@ def read_secrets() -> dict[str, Any]:
     }
 
 
+@tool
+def secrets_in_memory(halves: list[list[str]]) -> dict[str, list[str]]:
+    """Which secrets this worker's process still holds, each given as two halves (so that the whole
+    never exists in this process but as a copy the executor left): in ``posix.environ`` (the
+    interpreter's own copy of the environment it started with, which ``os.environ.clear()`` leaves
+    alone), and anywhere in its memory (its own address space, read directly: strings of the processes
+    it was forked from, freed but not overwritten)."""
+    import posix
+
+    found_posix = [a + b for a, b in halves if any(v.startswith(a.encode()) and v.endswith(b.encode())
+                                                   and len(v) == len(a) + len(b) for v in posix.environ.values())]
+    pairs = [(a.encode(), b.encode()) for a, b in halves]
+    found: set[int] = set()
+    with open("/proc/self/maps") as maps:
+        regions = [line.split() for line in maps]
+    for fields in regions:
+        if not fields[1].startswith("r") or (len(fields) > 5 and fields[5].startswith("[v")):
+            continue  # [vvar], [vsyscall]: not plain memory
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        data = ctypes.string_at(start, end - start)  # its own memory: no permission needed
+        for i, (a, b) in enumerate(pairs):
+            at = data.find(a)
+            while at >= 0 and i not in found:
+                if data.startswith(b, at + len(a)):
+                    found.add(i)
+                at = data.find(a, at + 1)
+    return {"posix_environ": found_posix, "memory": [halves[i][0] + halves[i][1] for i in sorted(found)]}
+
+
 # ------------------------------------------------------------------------------ the template
 
 
