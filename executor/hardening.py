@@ -224,7 +224,7 @@ def _probe_cgroups() -> str | None:
     if support is None:
         return "no writable control groups (needs root and mounted cgroup hierarchies)"
     missing = [n for n, p in (("memory", support.memory_parent), ("pids", support.pids_parent)) if p is None]
-    if _cpu_parent() is None:
+    if _cpu_parent() is None and not _v2_delegates_cpu():
         missing.append("cpu")
     return f"no {', '.join(missing)} controller to nest groups under" if missing else None
 
@@ -246,17 +246,22 @@ def _probe_landlock() -> str | None:
 def _apply_cgroups(sb: Sandbox) -> None:
     """The memory and pids groups were joined by the worker code (``cgroups.Group.join``); check it
     did, with the memory limit the executor asked for, and join this worker's CPU group."""
-    own = {}
+    own, unified = {}, ""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
+        unified = path if controllers == "" else unified
         for c in controllers.split(","):
             own[c] = path
-    for controller in ("memory", "pids"):
-        if not own.get(controller, "").rsplit("/", 1)[-1].startswith(cgroups.PREFIX):
+    for controller in ("memory", "pids"):  # v1 hierarchies, or the v2 group
+        if not own.get(controller, unified).rsplit("/", 1)[-1].startswith(cgroups.PREFIX):
             raise LayerError("cgroups", f"the worker is not in a {controller} group of its own")
-    if sb.cpu_group is None:
-        raise LayerError("cgroups", "no CPU group was made for this worker")
-    (sb.cpu_group / "cgroup.procs").write_text("0")
+    if sb.cpu_group is not None:  # v1: a CPU group of its own
+        (sb.cpu_group / "cgroup.procs").write_text("0")
+        return
+    group = _v2_root() / unified.lstrip("/")  # v2: one group for everything, its own already
+    if not (group.name.startswith(cgroups.PREFIX) and (group / "cpu.max").exists()):
+        raise LayerError("cgroups", "no CPU limit can be set for this worker")
+    _limit_cpu(group, sb.config.cpu_cores)
 
 
 def _apply_filesystem(sb: Sandbox) -> None:
@@ -505,11 +510,35 @@ def probe_all() -> dict[str, str]:
 
 
 def _cpu_parent() -> Path | None:
+    """Where this executor's per-worker CPU groups go: under its own group of the v1 ``cpu``
+    hierarchy. (Without one, a v2 tree that delegates ``cpu`` gets the limit on each worker's own
+    v2 group instead: a process is in one v2 group only.)"""
     own = cgroups._own_path("cpu")
     if own is None:
         return None
     parent = cgroups.ROOT / "cpu" / own.lstrip("/")
     return parent if (parent / "cpu.cfs_quota_us").exists() and os.access(parent, os.W_OK) else None
+
+
+def _v2_root() -> Path:
+    return cgroups.ROOT / "unified" if (cgroups.ROOT / "unified" / "cgroup.procs").exists() else cgroups.ROOT
+
+
+def _v2_delegates_cpu() -> bool:
+    own = cgroups._own_path("")
+    with contextlib.suppress(OSError):
+        return "cpu" in (_v2_root() / (own or "/").lstrip("/") / "cgroup.subtree_control").read_text().split()
+    return False
+
+
+def _limit_cpu(group: Path, cores: float) -> None:
+    period = 100_000
+    quota = max(1000, int(period * cores))
+    if (group / "cpu.max").exists():  # v2
+        (group / "cpu.max").write_text(f"{quota} {period}")
+    else:
+        (group / "cpu.cfs_period_us").write_text(str(period))
+        (group / "cpu.cfs_quota_us").write_text(str(quota))
 
 
 class Sandbox:
@@ -549,9 +578,7 @@ class Sandbox:
                 group = parent / f"{cgroups.PREFIX}{self.config.group_tag}-{os.getpid()}-{self.count}"
                 with contextlib.suppress(FileExistsError):
                     group.mkdir()
-                period = 100_000
-                (group / "cpu.cfs_period_us").write_text(str(period))
-                (group / "cpu.cfs_quota_us").write_text(str(max(1000, int(period * self.config.cpu_cores))))
+                _limit_cpu(group, self.config.cpu_cores)
                 self.cpu_group = group
         if "pid-ns" in self.names:
             # Back to its own namespace first, in case a fork failed after the last unshare (a second

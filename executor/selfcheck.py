@@ -477,6 +477,27 @@ def make_setuid_file() -> list[str]:
 
 
 @tool
+def cpu_hog(processes: int, seconds: float) -> float:
+    """Spin ``processes`` processes for ``seconds`` of wall time; return the CPU seconds they got."""
+    def spin() -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            pass
+    pids = []
+    for _ in range(processes - 1):
+        pid = os.fork()
+        if pid == 0:
+            spin()
+            os._exit(0)
+        pids.append(pid)
+    spin()
+    for pid in pids:
+        os.waitpid(pid, 0)
+    t = os.times()
+    return round(t.user + t.system + t.children_user + t.children_system, 2)
+
+
+@tool
 def hold(seconds: float) -> str:
     """Sleep (a call whose worker the others try to reach)."""
     time.sleep(seconds)
@@ -589,6 +610,8 @@ ATTEMPTS: tuple[Attempt, ...] = (
     Attempt("identity, no-new-privs", "setuid(0)", "EPERM", "become_root", lambda c: {}, _errno_in("EPERM")),
     Attempt("cgroups", f"fork past the process limit ({PROCESSES})", "EAGAIN", "fork_bomb",
             lambda c: {"limit": 4 * PROCESSES}, _errno_in("EAGAIN")),
+    Attempt("cgroups", "use more than one core (3 processes spinning for 2 s)", "at most ~2.2 CPU s",
+            "cpu_hog", lambda c: {"processes": 3, "seconds": 2.0}, lambda o: isinstance(o, float) and o <= 2.3),
     Attempt("cgroups", f"allocate past the memory limit ({MEMORY_MB} MB, shared memory)", "error kind memory",
             "shared_memory_bomb", lambda c: {"mb": 4 * MEMORY_MB}, error_kind="memory"),
     Attempt("seccomp", "unshare (user and network namespaces)", "EPERM", "unshare_userns", lambda c: {},
