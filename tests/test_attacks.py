@@ -613,6 +613,32 @@ def test_clone_parent_children_do_not_outlive_the_call(
     held(local, after.worker.pid if options.get("reuse_workers") else None)
 
 
+def _live_rabbits() -> list[int]:
+    """Live processes named ``ciayn-rabbit`` (the ``rabbits`` attack's)."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and Path(f"/proc/{name}/comm").read_text().strip() == "ciayn-rabbit":
+                found.append(int(name))
+        except OSError:
+            continue
+    return [pid for pid in found if _alive(pid)]
+
+
+@pytest.mark.parametrize("options", [{}, {"no_cgroups": True}], ids=["cgroups", "no-cgroups"])
+def test_processes_that_keep_changing_pid_do_not_outlive_the_call(
+    make_client: Callable[..., ExecutorClient], options: dict[str, Any]
+) -> None:
+    """A killer that lists children, then kills them, chases processes that fork and exit over and
+    over; it must win within its bound (with cgroups the group kill does not chase at all)."""
+    client = make_client(tools=[ATTACKS], timeout=TIMEOUT, **options)
+    r = client.call(Call(tool="rabbits", kwargs={"count": 4, "lifetime": 2 * TIMEOUT}))
+    assert r.ok, r.error
+    wait_until("every rabbit to be killed", lambda: not _live_rabbits(), timeout=GRACE)
+    assert client.call(Call(tool="echo", args=[1])).ok
+    held(client.local)  # type: ignore[attr-defined]
+
+
 # ------------------------------------------------------------------- oversized errors, signals, floods
 
 

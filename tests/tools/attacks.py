@@ -630,3 +630,27 @@ def write_on_template_channel(mb: int = 120, stall: bool = False) -> str:
         for _ in range(mb):
             sock.sendall(chunk)
     return "written"
+
+
+RABBIT = b"ciayn-rabbit"
+PR_SET_NAME = 15
+
+
+@tool
+def rabbits(count: int = 4, lifetime: float = 5.0) -> int:
+    """Start ``count`` processes that never keep a pid: each forks a child and exits at once, over and
+    over (the child goes on), so a killer that lists children and kills them chases a moving target.
+    They are named ``ciayn-rabbit`` and stop by themselves after ``lifetime`` seconds (a safety net
+    for the machine, not part of the attack). Returns at once."""
+    deadline = time.monotonic() + lifetime
+    for _ in range(count):
+        if os.fork() == 0:
+            _libc.prctl(PR_SET_NAME, ctypes.c_char_p(RABBIT), 0, 0, 0)
+            while time.monotonic() < deadline:
+                try:
+                    if os.fork():
+                        os._exit(0)
+                except OSError:
+                    time.sleep(0.001)
+            os._exit(0)
+    return count
