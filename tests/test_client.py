@@ -166,20 +166,21 @@ def test_a_resent_call_is_not_run_twice(
     make_client: Callable[..., ExecutorClient], frozen: list[int], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The executor is frozen mid-call for longer than the client waits before it reconnects and
-    resends the call under its id; once thawed, the side effect shows the tool ran once."""
+    resends the call under its id; once thawed, it still runs the call (the worker is not frozen), the
+    resend joins it, and the side effect shows the tool ran once."""
     caplog.set_level(logging.INFO, logger="ciayn.client")
     client = make_client(tools=[FAULTY])
     local = local_of(client)
     log = tmp_path / "runs.log"
-    future = client.submit(Call(tool="append_line", kwargs={"path": str(log), "then_sleep": 0.3}))
+    future = client.submit(Call(tool="append_line", kwargs={"path": str(log), "then_sleep": 6.0}))
     wait_for(log.exists, 5, "the call started")
     pid = local.proc.pid  # type: ignore[union-attr]
-    os.kill(pid, signal.SIGSTOP)  # the supervisor only: the worker finishes the call meanwhile
+    os.kill(pid, signal.SIGSTOP)  # the supervisor only: the worker goes on with the call meanwhile
     frozen.append(pid)
     wait_for(lambda: any("reconnected" in r.getMessage() for r in caplog.records),
              SILENCE_BEFORE_RECONNECT + SLACK + 1, "the client reconnected and resent")
     os.kill(pid, signal.SIGCONT)
-    result = future.result(timeout=10)
+    result = future.result(timeout=20)
     assert result.ok and result.value == 1, result
     assert client.call(Call(tool="noop")).ok  # one worker, FIFO: a second run would have come first
     assert log.read_text() == "ran\n", "the resent call ran again"
