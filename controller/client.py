@@ -126,6 +126,7 @@ class ExecutorClient:
         os.set_blocking(self._wake_w, False)
         self._welcome: Welcome | None = None
         self._welcome_event = threading.Event()
+        self._bad_welcome = ""  # why the last welcome could not be decoded
         self._incarnation: int | None = None
         self._resend_due = False  # reconnected: resend calls in flight once the executor is known
         self._last_heard = time.monotonic()
@@ -141,6 +142,9 @@ class ExecutorClient:
     def tools(self, timeout: float | None = None) -> list[ToolSpec]:
         """The executor's tool specs (from its ``welcome``; refreshed after a restart)."""
         if not self._welcome_event.wait(self.connect_timeout if timeout is None else timeout):
+            if self._bad_welcome:
+                raise ExecutorUnavailable(f"the executor at {self.endpoint} answered with a welcome this client "
+                                          f"cannot use: {self._bad_welcome}")
             hint = "is `ciayn-executor serve` running there?"
             if self.endpoint.startswith("tcp://"):
                 hint += (" An executor using CurveZMQ also stays silent when the keys do not match: check"
@@ -431,6 +435,8 @@ class ExecutorClient:
                 msg = decode(frames)
             except ProtocolError as e:
                 log.warning("malformed message from the executor: %s", e)
+                if e.about == "welcome":
+                    self._bad_welcome = str(e)
                 if e.about == "result" and e.call_id in pending:  # it answers that call, unreadably
                     self._resolve(pending, e.call_id, Result.failure(
                         e.call_id, "protocol", f"the executor's answer could not be read: {e}"))
