@@ -46,6 +46,7 @@ import zmq
 
 from executor.calls import fingerprint
 from executor.endpoint import EndpointError, RouterEndpoint
+from executor.fairqueue import FairQueue
 from executor.metrics import CallStats, MetricsServer
 from protocol import (
     Bye,
@@ -75,7 +76,6 @@ MAX_HELLOS = 4096  # clients waiting for that answer, at most (one entry per cli
 RUNNING_GRACE = 10.0  # an executor silent about a call this long past its timeout: answered here
 LOCATION_TTL = 120.0  # how long an announced held id routes a resent call to its executor
 MAX_LOCATIONS = 262_144
-SCAN_DEPTH = 64  # calls looked at in one client's queue for one that some free executor can take
 RESULT_CACHE_SIZE = 8192  # recent results kept to answer resent ids...
 RESULT_CACHE_BYTES = 128 * 1024 * 1024  # ...and at most this many encoded bytes of them
 
@@ -157,8 +157,7 @@ class Broker:
         self.members: dict[bytes, Member] = {}
         self.specs: dict[str, ToolSpec] = {}  # the one spec of each tool name in the pool
         self.jobs: dict[str, Job] = {}
-        self.queues: collections.OrderedDict[bytes, collections.deque[Job]] = collections.OrderedDict()
-        self.queued = 0
+        self.waiting: FairQueue[Job] = FairQueue()
         self.cache: collections.OrderedDict[str, tuple[list[bytes], int | None]] = collections.OrderedDict()
         self.cache_bytes = 0
         self.locations: collections.OrderedDict[str, tuple[str, float]] = collections.OrderedDict()
@@ -288,9 +287,8 @@ class Broker:
     def _adopt_specs(self, final: bool) -> None:
         """Queued calls whose tool no executor had announced (while recovering, or while the pool was
         empty) are checked once it is known; when ``final``, an unknown tool is ``unknown_tool``."""
-        for q in list(self.queues.values()):
-            for job in [j for j in q if j.spec is None]:
-                self._resolve_spec(job, final)
+        for job in [j for j in self.waiting if j.spec is None]:
+            self._resolve_spec(job, final)
 
     # ---------------------------------------------------------------- clients
 
@@ -308,7 +306,7 @@ class Broker:
                     continue  # silent on purpose: see the module docstring
                 busy = sum(len(m.running) for m in self.members.values())
                 self._send_frontend(route, Pong(nonce=msg.nonce, executor=self.broker_id,
-                                                incarnation=self.incarnation, busy=busy, queued=self.queued))
+                                                incarnation=self.incarnation, busy=busy, queued=len(self.waiting)))
             elif isinstance(msg, Hello):
                 if self.members and not self.recovering:
                     self._send_frontend(route, self.welcome())
@@ -370,10 +368,9 @@ class Broker:
             self._answer_now(route, Result.failure(cid, "unknown_tool",
                                                    f"no tool named {call.tool!r} in the pool; available: {names}"))
             return
-        q = self.queues.get(route)
-        if self.queued >= self.max_queue or (q is not None and len(q) >= self.max_queue_per_client):
+        if len(self.waiting) >= self.max_queue or self.waiting.of(route) >= self.max_queue_per_client:
             self._answer_now(route, Result.failure(cid, "unavailable", "the broker's queue is full "
-                                                   f"({self.queued} calls); the call did not run"))
+                                                   f"({len(self.waiting)} calls); the call did not run"))
             return
         job = Job(call=call, frames=_encode(call), client=route, waiters=[route], spec=spec,
                   timeout=self._timeout(call, spec), queued_at=now, key=key)
@@ -383,11 +380,7 @@ class Broker:
         if member is not None:
             self._send_job(job, member)  # it holds this id: it answers from its cache or joins the call
             return
-        if q is None:  # a client with nothing waiting goes first: it has not been served lately
-            q = self.queues[route] = collections.deque()
-            self.queues.move_to_end(route, last=False)
-        q.append(job)
-        self.queued += 1
+        self.waiting.push(job)
 
     def _timeout(self, call: Call, spec: ToolSpec | None) -> float:
         for t in (call.timeout, spec.timeout if spec else None):
@@ -403,7 +396,7 @@ class Broker:
         if spec is None:
             if final and self.members:
                 names = ", ".join(sorted(self.specs))
-                self._unqueue(job)
+                self.waiting.remove(job)
                 self._finish(job, Result.failure(job.call.id or "", "unknown_tool",
                                                  f"no tool named {job.call.tool!r} in the pool; available: {names}"))
             return
@@ -415,7 +408,7 @@ class Broker:
         if job is None or route not in job.waiters:
             return  # only a client waiting for a call may cancel it
         if job.member is None:
-            self._unqueue(job)
+            self.waiting.remove(job)
             self._finish(job, Result.failure(cid, "cancelled", "the call was cancelled before it ran"))
         else:
             self._send_backend(job.member.route, Cancel(id=cid))
@@ -423,32 +416,12 @@ class Broker:
     # ---------------------------------------------------------------- routing
 
     def _dispatch(self) -> None:
-        """Round-robin over clients: each turn, the next client with a call some free executor can
-        take sends one; a client that sent one goes to the back of the line."""
-        if not self.queued or not any(m.free > 0 for m in self.members.values()):
-            return
-        moved = True
-        while moved and self.queued:
-            moved = False
-            for route in list(self.queues):
-                q = self.queues[route]
-                for i, job in enumerate(q):
-                    if i >= SCAN_DEPTH:
-                        break
-                    member = self._pick(job)
-                    if member is None:
-                        continue
-                    del q[i]
-                    self.queued -= 1
-                    if q:
-                        self.queues.move_to_end(route)
-                    else:
-                        del self.queues[route]
-                    self._send_job(job, member)
-                    moved = True
-                    break
-                if not any(m.free > 0 for m in self.members.values()):
-                    return
+        """Free workers take waiting calls, clients in turn (``executor.fairqueue``)."""
+        while self.waiting and any(m.free > 0 for m in self.members.values()):
+            taken = self.waiting.take(self._pick)
+            if taken is None:
+                return
+            self._send_job(*taken)
 
     def _pick(self, job: Job) -> Member | None:
         """The least loaded executor with the tool, a free worker, and that did not try this call."""
@@ -470,34 +443,13 @@ class Broker:
         member.running[job.call.id or ""] = job
         self._send_frames_backend(member.route, job.frames)
 
-    def _unqueue(self, job: Job) -> None:
-        q = self.queues.get(job.client)
-        if q is None:
-            return
-        with contextlib.suppress(ValueError):
-            q.remove(job)
-            self.queued -= 1
-        if not q:
-            del self.queues[job.client]
-
     def _expire_queued(self, now: float) -> None:
         """A call that waited in the queue for its whole timeout is answered: it did not run."""
-        for route in list(self.queues):
-            q = self.queues[route]
-            expired = [j for j in q if now - j.queued_at > j.timeout]
-            if not expired:
-                continue
-            kept = collections.deque(j for j in q if now - j.queued_at <= j.timeout)  # one pass, not one per call
-            self.queued -= len(q) - len(kept)
-            if kept:
-                self.queues[route] = kept
-            else:
-                del self.queues[route]
-            for job in expired:
-                why = (f"no executor with the tool {job.call.tool!r} had a free worker"
-                       if self.members else "no executor is connected to the broker")
-                self._finish(job, Result.failure(job.call.id or "", "unavailable",
-                                                 f"{why} for {job.timeout:g} s; the call did not run"))
+        for job in self.waiting.expire(now):
+            why = (f"no executor with the tool {job.call.tool!r} had a free worker"
+                   if self.members else "no executor is connected to the broker")
+            self._finish(job, Result.failure(job.call.id or "", "unavailable",
+                                             f"{why} for {job.timeout:g} s; the call did not run"))
 
     def _expire_running(self, now: float) -> None:
         for member in list(self.members.values()):
@@ -574,11 +526,10 @@ class Broker:
 
     def _resend_held(self, member: Member) -> None:
         """Queued calls (resent by clients while we recovered) that this executor holds go to it."""
-        for q in list(self.queues.values()):
-            for job in [j for j in q if self.locations.get(j.call.id or "", ("",))[0] == member.id]:
-                self._unqueue(job)
-                self.locations.pop(job.call.id or "", None)
-                self._send_job(job, member)
+        for job in [j for j in self.waiting if self.locations.get(j.call.id or "", ("",))[0] == member.id]:
+            self.waiting.remove(job)
+            self.locations.pop(job.call.id or "", None)
+            self._send_job(job, member)
 
     def _conflict(self, ready: Ready, previous: Member | None) -> str:
         others = [m for m in self.members.values() if m is not previous]
@@ -601,7 +552,7 @@ class Broker:
             # answers a client that resent the id, if one did; otherwise it waits in the cache.
             self._send_backend(route, Bye(reason="unknown executor; announce again"))
             if job is not None and job.member is None:
-                self._unqueue(job)
+                self.waiting.remove(job)
                 self._finish(job, result, frames)
             elif job is None:
                 self._remember(cid, frames, None)  # the key is unknown: only a resend of the same id reaches it
@@ -621,9 +572,7 @@ class Broker:
         for cid, job in member.running.items():
             job.member = None
             if job.spec is not None and job.spec.idempotent and len(job.tried) < 2:
-                q = self.queues.setdefault(job.client, collections.deque())
-                q.appendleft(job)
-                self.queued += 1
+                self.waiting.push(job, first=True)
                 log.info("call %s %s: idempotent, re-run on another executor", cid, job.call.tool)
                 continue
             self._finish(job, Result.failure(cid, kind,
@@ -698,7 +647,7 @@ class Broker:
                 worker_restarts=m.stats.worker_restarts, idle_s=round(now - m.last_heard, 3)))
         return Report(role="broker", id=self.broker_id, incarnation=self.incarnation,
                       uptime_s=round(now - self.started, 3), capacity=sum(e.capacity for e in executors),
-                      busy=sum(e.busy for e in executors), queued=self.queued, served=self.stats.served,
+                      busy=sum(e.busy for e in executors), queued=len(self.waiting), served=self.stats.served,
                       worker_restarts=sum(e.worker_restarts for e in executors), executors=executors,
                       tools=self.stats.tool_stats())
 

@@ -11,6 +11,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import zmq
 
 from controller import ExecutorClient
 from executor.cli import main
+from executor.fairqueue import FairQueue
 from executor.status import fetch
 from protocol import (
     Call,
@@ -337,6 +339,44 @@ def test_a_restarted_broker_is_silent_long_enough_for_clients_to_resend_but_not_
     from protocol.timing import HEARTBEAT_INTERVAL, RECOVERY_WINDOW
 
     assert client.SILENCE_BEFORE_RECONNECT + HEARTBEAT_INTERVAL < RECOVERY_WINDOW < client.UNAVAILABLE_AFTER
+
+
+@dataclass
+class _Waiting:
+    client: bytes
+    name: str
+    queued_at: float = 0.0
+    timeout: float = 10.0
+
+
+def test_the_fair_queue_serves_clients_in_turn_and_a_newcomer_first() -> None:
+    q: FairQueue[_Waiting] = FairQueue()
+    for i in range(5):
+        q.push(_Waiting(b"flood", f"f{i}"))
+    assert q.take(lambda j: "w") is not None  # f0; the flood goes to the back of the line
+    q.push(_Waiting(b"other", "o0"))
+    q.push(_Waiting(b"other", "o1"))
+    order = []
+    while (taken := q.take(lambda j: "w")) is not None:
+        order.append(taken[0].name)
+    assert order == ["o0", "f1", "o1", "f2", "f3", "f4"]
+    assert len(q) == 0 and not q.queues
+
+
+def test_the_fair_queue_skips_a_call_no_executor_can_take_and_expires_in_one_pass() -> None:
+    q: FairQueue[_Waiting] = FairQueue(scan_depth=2)
+    for name in ("busy-tool", "free-tool", "free-tool-2"):
+        q.push(_Waiting(b"a", name))
+    taken = q.take(lambda j: None if j.name == "busy-tool" else "w")
+    assert taken is not None and taken[0].name == "free-tool"
+    assert q.take(lambda j: None if j.name == "busy-tool" else "w") is not None  # within the scan depth
+    q.push(_Waiting(b"b", "late", queued_at=0.0, timeout=1.0))
+    q.push(_Waiting(b"b", "fresh", queued_at=5.0, timeout=1.0))
+    expired = q.expire(now=5.5)
+    assert [j.name for j in expired] == ["late"] and len(q) == 2
+    assert sorted(j.name for j in q) == ["busy-tool", "fresh"]
+    assert q.remove(next(j for j in q if j.name == "fresh")) and not q.remove(_Waiting(b"z", "nobody"))
+    assert len(q) == 1 and q.of(b"a") == 1 and q.of(b"b") == 0
 
 
 def test_reconnection_backs_off_exponentially_up_to_a_bound() -> None:
