@@ -9,8 +9,8 @@ The bound ROUTER is private by default (SPEC.md, Transport): an ipc socket lives
 owned by this user (created so, or checked), and abstract ipc or tcp without CurveZMQ is refused unless
 the operator says ``--insecure``. No answer is dropped by a high-water mark: the socket is
 ``ROUTER_MANDATORY``, and what a client's pipe cannot take yet waits in an outbox for that client,
-bounded in bytes; a client that lets it overflow has its pending answers dropped with a warning (they
-stay in the result cache for a resend).
+bounded in bytes; a client that lets it overflow has its pending answers dropped and its connection
+closed, with a warning (it may come back and resend; its results stay in the result cache).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import zmq
 
 from protocol import Message, ProtocolError, decode
-from protocol.wire import MAX_FRAMES, bound_socket, ipc_path, recv_message
+from protocol.wire import MAX_FRAMES, bound_socket, ipc_path, recv_message_from
 
 log = logging.getLogger("ciayn-executor")
 
@@ -41,6 +41,7 @@ HANDSHAKE_IVL_MS = 5000  # a connection that has not completed the ZMTP (and Cur
 SEND_HWM = 64  # messages libzmq queues for one client; beyond, answers wait in its outbox (counted in bytes)
 OUTBOX_BYTES = 256 * 1024 * 1024  # answers held for one client whose pipe is full, at most
 OUTBOX_RETRY = 0.01  # seconds between attempts to send held answers
+MAX_KNOWN_CONNECTIONS = 65536  # clients whose connection is remembered (to disconnect one that does not read)
 
 
 class EndpointError(Exception):
@@ -76,8 +77,12 @@ class RouterEndpoint:
     """A bound ROUTER socket, optionally CurveZMQ-authenticated; owns its ipc socket file."""
 
     def __init__(self, ctx: zmq.Context[Any], endpoint: str, *, curve_secret: str | None = None,
-                 curve_clients: str | None = None, insecure: bool = False) -> None:
+                 curve_clients: str | None = None, insecure: bool = False, outbox_bytes: int = OUTBOX_BYTES) -> None:
         self.endpoint = endpoint
+        self.outbox_limit = outbox_bytes
+        # route -> (descriptor, inode) of the connection it last spoke on, so that a client that does not
+        # read its answers can be disconnected; bounded, oldest first.
+        self.connections: collections.OrderedDict[bytes, tuple[int, int]] = collections.OrderedDict()
         self.curve_secret = curve_secret
         self.curve_clients = curve_clients
         self.auth: Any = None
@@ -127,12 +132,14 @@ class RouterEndpoint:
         for _ in range(RECV_BATCH):
             if time.monotonic() > until:
                 return
-            frames = recv_message(self.socket, MAX_FRAMES + 1)  # the routing frame, then the message
-            if frames is None:
+            received = recv_message_from(self.socket, MAX_FRAMES + 1)  # the routing frame, then the message
+            if received is None:
                 return
+            frames, fd = received
             if len(frames) < 2:
                 continue
             route, body = frames[0], frames[1:]
+            self._note_connection(route, fd)
             try:
                 yield route, decode(body)
             except ProtocolError as e:
@@ -158,12 +165,41 @@ class RouterEndpoint:
     def _hold(self, route: bytes, frames: list[bytes]) -> None:
         self.outboxes.setdefault(route, collections.deque()).append(frames)
         self.outbox_bytes[route] += sum(len(f) for f in frames)
-        if self.outbox_bytes[route] > OUTBOX_BYTES:
+        if self.outbox_bytes[route] > self.outbox_limit:
             held = self.outboxes.pop(route)
             size = self.outbox_bytes.pop(route)
-            log.warning("client %s does not read its answers: dropped the %d held for it (%d MiB, over the %d MiB "
-                        "outbox); results stay in the result cache for a resend", route.hex()[:8], len(held),
-                        size // 1024**2, OUTBOX_BYTES // 1024**2)
+            how = "disconnected it" if self._disconnect(route) else "it could not be disconnected"
+            log.warning("client %s does not read its answers: dropped the %d held for it (%d KiB, over the %d KiB "
+                        "outbox) and %s; results stay in the result cache for a resend", route.hex()[:8], len(held),
+                        size // 1024, self.outbox_limit // 1024, how)
+
+    def _note_connection(self, route: bytes, fd: int) -> None:
+        if fd < 0:
+            return
+        known = self.connections.get(route)
+        if known is not None and known[0] == fd:
+            return
+        with contextlib.suppress(OSError):
+            self.connections[route] = (fd, os.fstat(fd).st_ino)
+            self.connections.move_to_end(route)
+            while len(self.connections) > MAX_KNOWN_CONNECTIONS:
+                self.connections.popitem(last=False)
+
+    def _disconnect(self, route: bytes) -> bool:
+        """Close the connection ``route`` last spoke on (libzmq has no call for that: shut the socket
+        down under it, after checking the descriptor still is that connection); it may come back."""
+        known = self.connections.pop(route, None)
+        if known is None:
+            return False
+        fd, inode = known
+        try:
+            if os.fstat(fd).st_ino != inode:
+                return False  # that connection is gone and the number reused: leave it alone
+            with socket.socket(fileno=os.dup(fd)) as conn:
+                conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            return False
+        return True
 
     def tick(self, now: float) -> float:
         """Send answers held for clients whose pipes were full; a bound ROUTER has no other timers

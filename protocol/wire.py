@@ -27,18 +27,27 @@ def recv_message(sock: zmq.Socket[Any], max_frames: int = MAX_FRAMES) -> list[by
     ``max_frames + 1`` frames are copied out (so that ``decode`` reports "too many frames"); the rest
     of a message with more frames is read and dropped without copying. libzmq has already buffered
     the whole message by then: what bounds that is who may connect (SPEC.md, Transport)."""
+    received = recv_message_from(sock, max_frames)
+    return received[0] if received is not None else None
+
+
+def recv_message_from(sock: zmq.Socket[Any], max_frames: int = MAX_FRAMES) -> tuple[list[bytes], int] | None:
+    """``recv_message``, and the descriptor of the connection the message came on (-1 if unknown)."""
     try:
         first = sock.recv(zmq.NOBLOCK, copy=False)
     except zmq.Again:
         return None
     frames = [first.bytes]
-    more = first.more
-    while more:
-        part = sock.recv(copy=False)  # the rest of a multipart message is already here
+    last = first
+    while last.more:
+        last = sock.recv(copy=False)  # the rest of a multipart message is already here
         if len(frames) <= max_frames:
-            frames.append(part.bytes)
-        more = part.more
-    return frames
+            frames.append(last.bytes)
+    try:
+        fd = int(last.get(zmq.SRCFD))
+    except (zmq.ZMQError, ValueError, TypeError):
+        fd = -1
+    return frames, fd
 
 
 def ipc_path(endpoint: str) -> str | None:

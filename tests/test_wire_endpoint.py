@@ -441,3 +441,54 @@ def test_a_flood_of_bare_connections_does_not_abort_the_executor(private_dir: Pa
             flood.kill()
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_client_that_does_not_read_its_answers_is_disconnected_with_a_log_line(
+    private_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The endpoint on a real socket, with a 1 MiB outbox: answers the client's pipe cannot take wait
+    in its outbox; past the bound they are dropped, the client's connection is closed (it may come
+    back; its results stay in the cache) and a warning says so. Before: ZeroMQ's high-water mark
+    dropped answers silently and the client was starved without a word."""
+    import logging
+
+    from executor.endpoint import RouterEndpoint
+
+    caplog.set_level(logging.WARNING, logger="ciayn-executor")
+    ctx = zmq.Context()
+    endpoint = RouterEndpoint(ctx, f"ipc://{private_dir}/exec.sock", outbox_bytes=1024 * 1024)
+    server_side = endpoint.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    client = ctx.socket(zmq.DEALER)
+    client.setsockopt(zmq.RCVHWM, 1)
+    client.setsockopt(zmq.LINGER, 0)
+    client.setsockopt(zmq.RCVTIMEO, 10_000)
+    client.setsockopt(zmq.ROUTING_ID, b"slow-reader")  # as ExecutorClient does: the same id when it is back
+    try:
+        client.connect(endpoint.endpoint)
+        client.send_multipart(encode(Ping(nonce=1)))
+        poller = zmq.Poller()
+        poller.register(endpoint.socket, zmq.POLLIN)
+        assert poller.poll(10_000)
+        (route, ping), = list(endpoint.receive())
+        assert isinstance(ping, Ping)
+        for _ in range(1000):
+            endpoint.send(route, [b"x" * 100_000])
+            endpoint.tick(time.monotonic())
+            if server_side.poll(0):
+                break
+        else:
+            raise AssertionError("the client that does not read was never disconnected")
+        warnings = [r.getMessage() for r in caplog.records if "does not read its answers" in r.getMessage()]
+        assert len(warnings) == 1 and "disconnected it" in warnings[0], warnings
+        while client.poll(1000):  # the client drains what reached it, sees the connection closed, comes back
+            client.recv_multipart()
+        client.send_multipart(encode(Ping(nonce=2)))
+        assert poller.poll(10_000)
+        (again, ping), = list(endpoint.receive())
+        assert again == route == b"slow-reader" and isinstance(ping, Ping) and ping.nonce == 2
+    finally:
+        endpoint.socket.disable_monitor()
+        server_side.close(0)
+        client.close(0)
+        endpoint.close()
+        ctx.term()
