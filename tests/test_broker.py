@@ -188,7 +188,7 @@ def test_one_client_flooding_slow_calls_delays_another_by_at_most_one_call(pool:
 
 
 def test_status_reports_executors_tools_capacity_and_latency_of_a_broker_and_of_one_executor(
-        pool: Pool, tmp_path: Path) -> None:
+        pool: Pool, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pool.start_broker()
     pool.add_executor([POOL_TOOLS], workers=2)
     pool.wait_for_executors(1)
@@ -203,13 +203,11 @@ def test_status_reports_executors_tools_capacity_and_latency_of_a_broker_and_of_
     [work] = [t for t in report.tools if t.name == "work"]
     assert work.calls == 5 and work.errors == 0 and work.buckets[-1] == 5
 
-    out = subprocess.run([sys.executable, "-m", "executor.cli", "status", pool.frontend, "--json"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=30)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["served"] == 5
-    out = subprocess.run([sys.executable, "-m", "executor.cli", "status", pool.frontend], cwd=ROOT,
-                         capture_output=True, text=True, timeout=30)
-    assert "work" in out.stdout and executor.executor in out.stdout
+    assert main(["status", pool.frontend, "--json"]) == 0  # the command itself, in this process
+    assert json.loads(capsys.readouterr().out)["served"] == 5
+    assert main(["status", pool.frontend]) == 0
+    text = capsys.readouterr().out
+    assert "work" in text and executor.executor in text
 
     single = f"ipc://{tmp_path}/single.sock"
     proc = pool._spawn("single", ["serve", "--tools", POOL_TOOLS, "--bind", single])
@@ -220,9 +218,8 @@ def test_status_reports_executors_tools_capacity_and_latency_of_a_broker_and_of_
     assert mine.role == "executor" and mine.served == 1 and mine.executors[0].capacity == 1
     assert proc.poll() is None
 
-    out = subprocess.run([sys.executable, "-m", "executor.cli", "status", f"ipc://{tmp_path}/nobody.sock",
-                          "--timeout", "0.5"], cwd=ROOT, capture_output=True, text=True, timeout=30)
-    assert out.returncode == 1 and "no answer" in out.stderr
+    assert main(["status", f"ipc://{tmp_path}/nobody.sock", "--timeout", "0.5"]) == 1
+    assert "no answer" in capsys.readouterr().err
 
 
 def test_metrics_port_exposes_the_same_figures_to_prometheus(pool: Pool) -> None:
