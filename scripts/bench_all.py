@@ -86,6 +86,17 @@ def figure_makers(features: Features, sizes: Sizes, tmp: str, out: Path) -> dict
     }
 
 
+def write_report(results: dict[str, Any], out: Path, readme: bool) -> None:
+    """Charts and results.md in ``out``; the README's Measured section too when ``readme`` and
+    ``out`` is the project's bench-results/."""
+    bench_report.charts(results, out)
+    (out / "results.md").write_text(bench_report.markdown(results) + "\n")
+    if readme and out == (ROOT / "bench-results").resolve():
+        text = bench_report.markdown(results, images="bench-results/")
+        if bench_report.update_readme(ROOT / "README.md", text):
+            log("README.md: Measured section refreshed")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="every code path at a tiny size (for tests)")
@@ -93,7 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=FIGURES, metavar="FIGURE",
                         help=f"run only this figure (repeatable): {', '.join(FIGURES)}")
     parser.add_argument("--no-readme", action="store_true", help="do not refresh the README's Measured section")
+    parser.add_argument("--report-only", action="store_true",
+                        help="measure nothing: redraw the charts, the table and the README from DIR/results.json")
     args = parser.parse_args(argv)
+    if args.report_only:
+        saved = json.loads((args.out / "results.json").read_text())
+        write_report(saved, args.out.resolve(), readme=not args.no_readme)
+        return 0
     started = time.perf_counter()
     out: Path = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -125,12 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    bench_report.charts(results, out)
-    (out / "results.md").write_text(bench_report.markdown(results) + "\n")
-    if not args.no_readme and out == (ROOT / "bench-results").resolve() and not args.only and not args.tiny:
-        readme = bench_report.markdown(results, images="bench-results/")
-        if bench_report.update_readme(ROOT / "README.md", readme):
-            log("README.md: Measured section refreshed")
+    write_report(results, out, readme=not args.no_readme and not args.only and not args.tiny)
     broken = [k for k, f in results["figures"].items() if f["status"] == FAILED or bench_roundtrip.has_failures(f)]
     log(f"done in {results['elapsed_s']} s; results in {out}" + (f"; FAILED: {', '.join(broken)}" if broken else ""))
     return 1 if broken else 0

@@ -25,11 +25,12 @@ def _machine_caption(fig: dict[str, Any]) -> str:
 def _fmt_us(us: float | None) -> str:
     if us is None:
         return "-"
-    if us >= 10_000:
+    size = abs(us)
+    if size >= 10_000:
         return f"{us / 1000:.0f} ms"
-    if us >= 1000:
+    if size >= 1000:
         return f"{us / 1000:.1f} ms"
-    if us >= 10:
+    if size >= 10:
         return f"{us:.0f} us"
     return f"{us:.2f} us"
 
