@@ -28,6 +28,7 @@ from executor.toolkits import builtin, paths
 
 WITHOUT_OPENAT2 = str(TESTS / "tools" / "without_openat2.py")
 RACE_MAX_S = 20.0  # the bound on one race; it usually ends far sooner (see Race.done)
+SWAPPER_MAX_S = 3 * RACE_MAX_S  # the swapper's own bound, in case the test dies before killing it
 MIN_WON = MIN_REFUSED = 20
 SWAPPER = """
 import ctypes, os, sys, time
@@ -89,9 +90,9 @@ def arena(tmp_path: Path) -> Arena:
 
 @pytest.fixture
 def swapping(arena: Arena) -> Iterator[None]:
-    """A process exchanging ``ws/d`` and ``ws/s`` as fast as it can, for at most RACE_MAX_S."""
-    proc = subprocess.Popen([sys.executable, "-c", SWAPPER, str(arena.ws / "d"), str(arena.ws / "s"), str(RACE_MAX_S)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    """A process exchanging ``ws/d`` and ``ws/s`` as fast as it can until the test ends (killed then)."""
+    args = [str(arena.ws / "d"), str(arena.ws / "s"), str(SWAPPER_MAX_S)]
+    proc = subprocess.Popen([sys.executable, "-c", SWAPPER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stdout.readline() == b"swapping\n"
     yield
     proc.kill()
@@ -110,9 +111,8 @@ def judge(race: Race, tool: str, ok: bool, result: object) -> None:
 
 
 def run_race(call: Callable[[str, dict[str, object]], tuple[bool, object]], stop: Callable[[Race], bool],
-             within: float = RACE_MAX_S - 2) -> Race:
-    """Make the calls in turn until ``stop`` says so or ``within`` seconds have passed (the swapper
-    outlives that)."""
+             within: float = RACE_MAX_S) -> Race:
+    """Make the calls in turn until ``stop`` says so or ``within`` seconds have passed."""
     race = Race()
     deadline = time.monotonic() + within
     while not stop(race) and time.monotonic() < deadline:
