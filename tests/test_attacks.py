@@ -267,7 +267,7 @@ def test_a_tool_cannot_take_over_the_workers_forked_for_later_calls(
 ) -> None:
     client = make_client(tools=[ATTACKS], timeout=TIMEOUT, workers=2)
     seen = tmp_path / "requests-the-hijacker-read.log"
-    attack = client.call(Call(tool="hijack_next_worker", kwargs={"log": str(seen), "seconds": 5.0}))
+    attack = client.call(Call(tool="hijack_next_worker", kwargs={"log": str(seen), "seconds": 2.0}))
     assert attack.ok or attack.error is not None
     for i in range(3):
         r = client.call(Call(tool="echo", args=[f"innocent {i}"]))
@@ -433,12 +433,13 @@ def test_killing_the_template_costs_one_call_and_the_executor_recovers(
     "Reproduce: loop { call attacks.kill_template(); call echo(n) } - about 9 echo calls in 30 fail."))
 def test_the_call_after_a_template_kill_succeeds(executor: LocalExecutor, client: ExecutorClient) -> None:
     lost = []
-    for n in range(20):
+    rounds = 12  # the race was lost about 1 round in 3: twelve rounds miss it about 1 run in 70
+    for n in range(rounds):
         client.call(Call(tool="kill_template"))
         after = client.call(Call(tool="echo", args=[n]))
         if not after.ok:
             lost.append(after.error)
-    assert not lost, f"{len(lost)} of 20 innocent calls sent right after the attack failed: {lost[0]}"
+    assert not lost, f"{len(lost)} of {rounds} innocent calls sent right after the attack failed: {lost[0]}"
 
 
 def test_a_stopped_template_is_replaced_and_calls_are_answered_within_a_bound(
