@@ -619,17 +619,28 @@ def patch_template(old: str = GREETING, new: str = "hijacked-by-an-earlier-call"
 
 
 @tool
-def write_on_template_channel(mb: int = 120, stall: bool = False) -> str:
+def write_on_template_channel(mb: int = 120, stall: bool = False, kb: int = 0) -> str:
     """Take a copy of the template's channel to the supervisor (``pidfd_getfd``, as for the workers
-    forked ahead) and write a frame header announcing ``mb`` MB on it: then, with ``stall``, nothing
-    more (the supervisor's read of the frame waits for bytes that never come), else ``mb`` MB."""
+    forked ahead) and write a frame header announcing ``mb`` MB (or ``kb`` KB) on it: then, with
+    ``stall``, nothing more (a read of the frame waits for bytes that never come), else all of it."""
     sock = _steal_channel(os.getppid(), stop=False)
-    sock.sendall(struct.pack("!I", mb << 20))
+    size = kb << 10 if kb else mb << 20
+    sock.sendall(struct.pack("!I", size))
     if not stall:
         chunk = b"\xc0" * (1 << 20)
-        for _ in range(mb):
-            sock.sendall(chunk)
+        for at in range(0, size, len(chunk)):
+            sock.sendall(chunk[: size - at])
     return "written"
+
+
+@tool
+def stop_the_rest() -> list[int]:
+    """SIGSTOP the template and every worker forked ahead: no worker is ready and none can be made
+    until the executor notices and replaces the template."""
+    stopped = [*_siblings(), os.getppid()]
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
+    return stopped
 
 
 RABBIT = b"ciayn-rabbit"
