@@ -767,6 +767,33 @@ def _mountpoint(root: str, path: str) -> None:
             raise LayerError("filesystem", f"cannot show {path} in the view: {current[len(root):]} is not a directory")
 
 
+def check_idmap(workspace: str, uid: int = NOBODY, gid: int = NOBODY) -> str | None:
+    """Whether the workspace's filesystem takes the idmapped mount ``--workspace-rw`` needs (not all
+    do, e.g. NFS): tried in a child with a mount namespace of its own. None, or why not."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        message = b""
+        try:
+            _check("mount-ns", "unshare(CLONE_NEWNS)", _libc.unshare(CLONE_NEWNS))
+            _mount(None, "/", None, MS_REC | MS_PRIVATE, layer="mount-ns")
+            st = os.stat(workspace)
+            userns = _idmap_userns((st.st_uid, uid), (st.st_gid, gid))
+            _idmapped_bind(workspace, workspace, userns)
+        except BaseException as e:
+            message = str(e).encode()[:1000]
+        os.write(w, message)
+        os._exit(0)
+    os.close(w)
+    try:
+        reason = os.read(r, 1000).decode(errors="replace")
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    return reason or None
+
+
 def _hide(root: str, path: str) -> None:
     """Cover ``path`` inside the view, if the view shows it: an empty directory or an empty file."""
     if os.path.isdir(root + path):

@@ -968,6 +968,10 @@ def start_hardened(args: Any) -> int:
     if problem := _workspace_problem(config):
         print(f"ciayn-executor: --profile hardened: {problem}", file=sys.stderr)
         return 2
+    if config.workspace_rw and os.geteuid() == 0 and (problem := hardening.check_idmap(config.workspace)):
+        print(f"ciayn-executor: --workspace-rw: the workspace {config.workspace} cannot be mounted for the "
+              f"tools to write as its owner (an idmapped mount): {problem}", file=sys.stderr)
+        return 1
     missing = hardening.probe_all()
     if missing:
         named = "; ".join(f"{k} ({v})" for k, v in missing.items())

@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -389,3 +390,10 @@ def test_the_hostile_tool_suite_holds_under_hardened(name: str, hardened_attack_
     given = {"executor": hardened_attack_suite, "client": hardened_attack_suite.client, "tmp_path": tmp_path,
              "make_client": hardened_client}
     test(**{k: v for k, v in given.items() if k in inspect.signature(test).parameters})
+
+
+def test_workspace_rw_refuses_a_workspace_that_cannot_be_idmapped(capsys: pytest.CaptureFixture[str]) -> None:
+    """sysfs takes no idmapped mount: --workspace-rw on it is refused before serving, saying why."""
+    assert hardening.check_idmap(tempfile.mkdtemp()) is None  # ext4 here: fine
+    assert selfcheck.start_hardened(_serve_args(workspace="/sys/kernel", workspace_rw=True)) == 1
+    assert "idmapped mount" in capsys.readouterr().err
