@@ -177,7 +177,6 @@ class HardenedConfig:
     tmp_mb: int = 128  # /tmp (the cwd); tmpfs pages count against the memory group too
     shm_mb: int = 64  # /dev/shm
     cpu_cores: float = 1.0  # CPU rate per worker (cgroup cpu quota)
-    memory_mb: int = 1024  # as the call limits; checked on the worker's memory group
     allow_degraded: bool = False
     group_tag: str = field(default_factory=lambda: os.urandom(4).hex())  # names this executor's CPU groups
 

@@ -964,7 +964,7 @@ def start_hardened(args: Any) -> int:
     hide += [os.path.abspath(f) for f in (args.curve_secret,) if f]
     config = hardening.HardenedConfig(
         workspace=os.path.abspath(args.workspace or os.getcwd()), workspace_rw=args.workspace_rw,
-        hide=tuple(hide), memory_mb=args.memory_mb, allow_degraded=args.allow_degraded)
+        hide=tuple(hide), allow_degraded=args.allow_degraded)
     if problem := _workspace_problem(config):
         print(f"ciayn-executor: --profile hardened: {problem}", file=sys.stderr)
         return 2
