@@ -20,6 +20,21 @@ from controller import ExecutorClient, LocalExecutor
 TESTS = Path(__file__).parent
 FAULTY = str(TESTS / "tools" / "faulty.py")
 BUILTIN = "executor.toolkits.builtin"
+CIAYN_TOOLS = str(TESTS / "tools" / "ciayn_tools.py")  # agent-loop tools: side effects in calls.log
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """An empty workspace directory for an executor's file tools."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return ws
+
+
+def log_lines(workspace: Path) -> list[str]:
+    """The lines tests/tools/ciayn_tools.py logged in ``workspace`` (which calls ran, in order)."""
+    path = workspace / "calls.log"
+    return path.read_text().splitlines() if path.exists() else []
 
 
 def require_layer(present: bool, reason: str) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import CIAYN_TOOLS, log_lines
 
 from controller import prompts
 from controller.ciayn import CiaynAgent, build_grammar
@@ -33,15 +34,7 @@ from controller.history import TRIM_NOTE, trim_history
 from controller.models import ModelConfig, ModelError, ModelReply, ScriptedModel, estimate_tokens
 from protocol import Call, ErrorInfo, Limits, Result, ToolSpec, WorkerInfo, parse_call
 
-CIAYN_TOOLS = str(Path(__file__).parent / "tools" / "ciayn_tools.py")
 DONE = 'complete_task(summary="all done")'
-
-
-@pytest.fixture
-def workspace(tmp_path: Path) -> Path:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    return ws
 
 
 @pytest.fixture
@@ -64,11 +57,6 @@ def done(events: list[StepEvent]) -> Finished:
 
 def of(kind: type[Any], events: Iterable[StepEvent]) -> list[Any]:
     return [e for e in events if isinstance(e, kind)]
-
-
-def log_lines(workspace: Path) -> list[str]:
-    path = workspace / "calls.log"
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def text_of(messages: list[dict[str, Any]]) -> str:

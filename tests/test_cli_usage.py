@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import CIAYN_TOOLS, log_lines
 from llm_stub import LLMStub
 from rich.console import Console
 
@@ -28,15 +29,7 @@ from controller.local import DIR_PREFIX, sweep_stale_dirs
 from controller.render import Transcript
 
 ROOT = Path(__file__).parent.parent
-CIAYN_TOOLS = str(Path(__file__).parent / "tools" / "ciayn_tools.py")
 DONE = 'complete_task(summary="all done")'
-
-
-@pytest.fixture
-def workspace(tmp_path: Path) -> Path:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    return ws
 
 
 def wait_for(condition: Callable[[], bool], within: float, what: str) -> None:
@@ -102,11 +95,6 @@ def ciayn(tmp_path: Path) -> Iterator[Callable[..., Ciayn]]:
     yield start
     for c in started:
         c.close()
-
-
-def log_lines(workspace: Path) -> list[str]:
-    path = workspace / "calls.log"
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def run_argv(api_base: str, workspace: Path, *more: str) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import CIAYN_TOOLS
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
@@ -47,7 +48,6 @@ from protocol import Call, Result, ToolSpec
 
 TESTS = Path(__file__).parent
 FAULTY = str(TESTS / "tools" / "faulty.py")
-CIAYN_TOOLS = str(TESTS / "tools" / "ciayn_tools.py")
 
 Script = AIMessage | BaseException | Callable[[list[BaseMessage]], AIMessage]
 
@@ -112,13 +112,6 @@ class TransientError(Exception):
 
 class BadRequest(Exception):
     status_code = 400
-
-
-@pytest.fixture
-def workspace(tmp_path: Path) -> Path:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    return ws
 
 
 # --- whole runs --------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import CIAYN_TOOLS, log_lines
 
 from controller.allowlist import AllowedTools
 from controller.ciayn import CiaynAgent
@@ -17,25 +18,12 @@ from controller.models import ScriptedModel
 from executor.registry import RegistryError, load_tools
 from protocol import Call
 
-CIAYN_TOOLS = str(Path(__file__).parent / "tools" / "ciayn_tools.py")
 DONE = 'complete_task(summary="all done")'
-
-
-@pytest.fixture
-def workspace(tmp_path: Path) -> Path:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    return ws
 
 
 @pytest.fixture
 def client(make_client: Callable[..., Any], workspace: Path) -> Any:
     return make_client(tools=[CIAYN_TOOLS], workspace=workspace)
-
-
-def log_lines(workspace: Path) -> list[str]:
-    path = workspace / "calls.log"
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def test_a_typo_in_an_annotation_is_refused_at_load_naming_the_tool(tmp_path: Path) -> None:
