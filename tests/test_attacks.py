@@ -465,6 +465,24 @@ def test_a_stopped_template_is_replaced_and_calls_are_answered_within_a_bound(
     held(executor)
 
 
+def test_a_tool_holding_every_worker_cannot_make_a_queued_call_wait_past_its_timeout(
+    make_client: Callable[..., ExecutorClient],
+) -> None:
+    """The client extends a queued call's deadline while pongs report it queued; the executor must
+    answer it ``unavailable`` once it has waited its own timeout, naming the queue."""
+    client = make_client(tools=[ATTACKS], timeout=30, workers=1)
+    hog = client.submit(Call(tool="nap", kwargs={"seconds": 20.0}))
+    wire = Wire(client.local.endpoint)  # type: ignore[attr-defined]
+    try:
+        wait_until("the hog to hold the only worker", lambda: wire.ping().busy == 1, timeout=5)
+    finally:
+        wire.close()
+    r, took = timed(client, "echo", timeout=1.0, value="queued")
+    assert r.error is not None and r.error.kind == "unavailable" and "queue" in r.error.message, r
+    assert took < 1.0 + GRACE, f"the queued call was answered after {took:.1f} s"
+    assert not hog.done()
+
+
 # --------------------------------------------------------------------------- processes that will not die
 
 
