@@ -35,6 +35,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # controller impo
 
 import bench_callpath  # noqa: E402
 import bench_ciayn  # noqa: E402
+import bench_executors  # noqa: E402
 import bench_faults  # noqa: E402
 import bench_layers  # noqa: E402
 import bench_memory  # noqa: E402
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             results["figures"][key]["seconds"] = round(time.perf_counter() - t0, 1)
             log(f"{key}: {results['figures'][key]['status']} in {results['figures'][key]['seconds']} s")
     finally:
+        bench_executors.SHARED.close()
         shutil.rmtree(tmp, ignore_errors=True)
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

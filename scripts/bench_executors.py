@@ -76,6 +76,30 @@ def direct(workers: int = 1, *, extra: list[str] | None = None, patches: list[st
         local.stop()
 
 
+class Shared:
+    """Executors kept for the whole run and handed to every figure that asks for the same flavour:
+    for the hardened profile, whose start (a selfcheck of every layer) takes seconds."""
+
+    def __init__(self) -> None:
+        self.stack = contextlib.ExitStack()
+        self.running: dict[tuple[object, ...], Running] = {}
+
+    @contextlib.contextmanager
+    def get(self, workers: int = 1, *, extra: list[str] | None = None, **options: object) -> Iterator[Running]:
+        """Like ``direct``, but the executor outlives the ``with`` (until ``close``)."""
+        key = (workers, tuple(extra or ()), tuple(sorted(options.items())))
+        if key not in self.running:
+            self.running[key] = self.stack.enter_context(direct(workers, extra=extra, **options))  # type: ignore[arg-type]
+        yield self.running[key]
+
+    def close(self) -> None:
+        self.stack.close()
+        self.running.clear()
+
+
+SHARED = Shared()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

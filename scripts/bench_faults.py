@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from bench_contestants import JupyterKernel
-from bench_executors import Running, direct
+from bench_executors import SHARED, Running, direct
 from bench_features import Features
 from bench_record import MEASURED, failed, log, measured, not_built, summarize
 from bench_sizes import Sizes
@@ -59,7 +59,7 @@ def run_recovery(features: Features, sizes: Sizes) -> dict[str, Any]:
         entries["ours"] = {"name": "ours: crash -> next successful call", **crash_recovery(running, sizes.crash_rounds)}
     if features.hardened:
         try:
-            with direct(workers=1, profile="hardened") as running:
+            with SHARED.get(workers=1, profile="hardened") as running:
                 entries["ours_hardened"] = {"name": "ours, --profile hardened: crash -> next successful call",
                                             **crash_recovery(running, sizes.crash_rounds)}
         except Exception as e:

@@ -11,7 +11,7 @@ import statistics
 from typing import Any
 
 from bench_contestants import Dealer
-from bench_executors import direct
+from bench_executors import SHARED, direct
 from bench_features import Features
 from bench_record import log, measured, not_built, summarize
 from bench_sizes import Sizes
@@ -33,7 +33,8 @@ def run(features: Features, sizes: Sizes) -> dict[str, Any]:
         dealers: dict[str, tuple[Dealer, int]] = {}
         for name, (profile, extra) in FLAVOURS.items():
             try:
-                running = stack.enter_context(direct(workers=1, profile=profile, extra=extra))
+                start = SHARED.get if profile == "hardened" else direct  # its start runs a selfcheck: share it
+                running = stack.enter_context(start(workers=1, profile=profile, extra=extra))
                 dealer = Dealer(running.endpoint, name)
                 stack.callback(dealer.close)
                 n = max(2, int(sizes.path_block_s / max(1e-6, statistics.median(dealer.block(3)))))

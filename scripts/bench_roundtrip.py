@@ -9,7 +9,7 @@ import statistics
 from typing import Any
 
 from bench_contestants import ClientCalls, Dealer, FreshPython, InProcess, JupyterKernel, ZmqEcho
-from bench_executors import Running, brokered, direct
+from bench_executors import SHARED, Running, brokered, direct
 from bench_features import Features
 from bench_record import FAILED, MEASURED, failed, log, measured, not_built, summarize
 from bench_sizes import Sizes
@@ -47,7 +47,7 @@ def run(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
                                                       name="ours, direct ipc, --reuse-workers")
         if features.hardened:
             _add(stack, entries, contestants, "ours_hardened",
-                 lambda: direct(workers=1, profile="hardened"), "ours, --profile hardened, plain DEALER")
+                 lambda: SHARED.get(workers=1, profile="hardened"), "ours, --profile hardened, plain DEALER")
         else:
             entries["ours_hardened"] = not_built(features.missing("hardened"), name="ours, --profile hardened")
         if features.broker:
