@@ -557,6 +557,7 @@ class Sandbox:
         self.own_pidns = -1
         self.cpu_group: Path | None = None
         self.cpu_groups: dict[int, Path] = {}  # worker pid -> its CPU group (template side)
+        self.free_cpu_groups: list[Path] = []  # empty ones, of workers gone: the next workers take them
         self.count = 0
         self.timings: dict[str, float] = {}  # layer -> seconds, in the worker that entered
 
@@ -572,7 +573,9 @@ class Sandbox:
         self.cpu_group = None
         if "cgroups" in self.names:
             parent = _cpu_parent()
-            if parent is not None:
+            if self.free_cpu_groups:
+                self.cpu_group = self.free_cpu_groups.pop()
+            elif parent is not None:
                 self.count += 1
                 group = parent / f"{cgroups.PREFIX}{self.config.group_tag}-{os.getpid()}-{self.count}"
                 with contextlib.suppress(FileExistsError):
@@ -655,15 +658,16 @@ class Sandbox:
                 os.close(userns)
 
     def _sweep_cpu_groups(self, dead_only: bool) -> None:
-        """Remove CPU groups of workers that are gone (``dead_only``), or at start stale ones
-        any executor left (empty and older than ``cgroups.SWEEP_MIN_AGE``)."""
-        if dead_only:
+        """Take back the CPU groups of workers that are gone (``dead_only``), or at start remove
+        stale ones any executor left (empty and older than ``cgroups.SWEEP_MIN_AGE``)."""
+        if dead_only:  # ... and keep them for the next workers: no mkdir, rmdir or limit to write again
             for pid, group in list(self.cpu_groups.items()):
                 if os.path.exists(f"/proc/{pid}"):
                     continue  # alive (or not reaped yet): it may not even have joined its group
                 with contextlib.suppress(OSError):
-                    group.rmdir()
-                    del self.cpu_groups[pid]
+                    if not (group / "cgroup.procs").read_text().strip():  # what it started is gone too
+                        del self.cpu_groups[pid]
+                        self.free_cpu_groups.append(group)
             return
         parent = _cpu_parent()
         if parent is None:
