@@ -484,6 +484,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         config = ModelSettings(model=model, api_base=api_base, grammar=grammar == "on", prompt=prompt,
                                max_tokens=max_tokens, allow_tools=allow_tools)
         agent = _make_agent(config, backend, args, client)
+        ignored = [f"--{d}" for d in ("grammar", "prompt") if d in getattr(args, "sources", {})]
+        if agent.backend == "react" and ignored:
+            transcript.notice(f"Warning: {' and '.join(ignored)} shape CIAYN replies and have no effect on the "
+                              "react backend (native tool calls); pass --backend ciayn to use them.")
         finished, interrupted = _drive(agent, args.task, transcript)
     if interrupted:
         return 130

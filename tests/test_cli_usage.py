@@ -407,3 +407,14 @@ def test_pass_env_hands_a_variable_to_the_tools_of_a_private_executor(
         from protocol import Call
 
         assert client.call(Call(tool="env_value", args=["CIAYN_TEST_TOKEN"], id="env-1")).value == "s3cret"
+
+
+def test_ciayn_only_options_on_the_react_backend_are_named(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with LLMStub(["nothing to do"]) as stub:
+        argv = ["run", "x", "--model", "openai/stub", "--api-base", stub.api_base, "--backend", "react",
+                "--grammar", "on", "--tools", CIAYN_TOOLS, "--workspace", str(workspace)]
+        assert cli.main(argv) == 0
+    assert "--grammar shape CIAYN replies and have no effect on the react backend" in capsys.readouterr().out
