@@ -605,6 +605,16 @@ def test_hard_limits_cannot_be_lifted(start_raw: Callable[..., LocalExecutor], w
     held(local)
 
 
+def test_a_tool_ignoring_sigxcpu_is_stopped_by_the_hard_cpu_limit(make_client: Callable[..., ExecutorClient]) -> None:
+    client = make_client(tools=[ATTACKS], timeout=20, cpu_s=1)
+    r, took = timed(client, "spin_ignoring_sigxcpu")
+    assert r.error is not None and r.error.kind == "timeout" and "CPU" in r.error.message, r.error
+    assert r.stats is not None and r.stats.cpu_s < 1 + 1 + GRACE, r.stats  # soft limit, then hard one a second later
+    assert took < 20, "the CPU limit, not the wall clock, stopped it"
+    assert r.worker is not None and r.worker.restarted
+    held(client.local)  # type: ignore[attr-defined]
+
+
 CLONE_PROFILES = {
     "fresh": {},
     "fresh-no-cgroups": {"no_cgroups": True},

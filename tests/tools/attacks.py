@@ -665,3 +665,11 @@ def rabbits(count: int = 4, lifetime: float = 5.0) -> int:
                     time.sleep(0.001)
             os._exit(0)
     return count
+
+
+@tool
+def spin_ignoring_sigxcpu() -> None:
+    """Ignore SIGXCPU (the soft CPU limit's warning) and spin: only the hard limit can stop it."""
+    signal.signal(signal.SIGXCPU, signal.SIG_IGN)
+    while True:
+        pass
