@@ -82,7 +82,7 @@ def _chart_round_trip(fig: Any, data: dict[str, Any]) -> None:
         lat = e["latency"]
         ax.barh(i, lat["p50"], color="tab:orange" if "ours" in e["name"] else "tab:blue")
         ax.plot([lat["p99"]], [i], marker="|", markersize=14, color="black")
-        ax.text(lat["p99"] * 1.3, i, f"{_fmt_us(lat['p50'])}  ({e['ratio_to_floor']:.1f}x floor)", va="center",
+        ax.text(lat["p99"] * 1.3, i, f"{_fmt_us(lat['p50'])}  ({e['ratio_to_floor']:.3g}x floor)", va="center",
                 fontsize=8)
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set_xscale("log")
@@ -216,6 +216,15 @@ def markdown(results: dict[str, Any], images: str = "") -> str:
         "Figures for parts not built yet are recorded as such and fill in on the next run after they land.",
         "",
     ]
+    targets = [(name, t) for f in figs.values() for name, t in (f.get("targets") or {}).items()]
+    if targets:
+        lines += ["| target | measured | wanted | met |", "|---|---|---|---|"]
+        for name, t in targets:
+            wanted = f"at most {t['at_most']:g}" if "at_most" in t else f"at least {t['at_least']:g}"
+            value = "n/a" if t["value"] is None else f"{t['value']:.3g}"
+            met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
+            lines.append(f"| {name} | {value} | {wanted} | {met} |")
+        lines.append("")
     for key, render in (("round_trip", _md_round_trip), ("call_path", _md_call_path), ("recovery", _md_recovery),
                         ("call_path_cuts", _md_cuts), ("timeout_precision", _md_timeouts), ("pool_scaling", _md_pool),
                         ("ciayn_overhead", _md_ciayn), ("memory", _md_memory), ("hardened_layers", _md_layers),
@@ -237,7 +246,7 @@ def _md_round_trip(f: dict[str, Any]) -> list[str]:
                               key=lambda e: e["latency"]["p50"])
     for e in measured_entries:
         lat = e["latency"]
-        rows.append(f"| {e['name']} | {_fmt_us(lat['p50'])} | {_fmt_us(lat['p99'])} | {e['ratio_to_floor']:.1f}x |")
+        rows.append(f"| {e['name']} | {_fmt_us(lat['p50'])} | {_fmt_us(lat['p99'])} | {e['ratio_to_floor']:.3g}x |")
     for e in entries.values():
         if e.get("status") != MEASURED:
             rows.append(f"| {e['name']} | {e['status']} | | {e.get('reason', '')} |")
