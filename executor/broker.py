@@ -47,6 +47,7 @@ import zmq
 from executor.calls import fingerprint
 from executor.endpoint import EndpointError, RouterEndpoint
 from executor.fairqueue import FairQueue
+from executor.journal import Journal
 from executor.metrics import CallStats, MetricsServer
 from protocol import (
     Bye,
@@ -138,6 +139,7 @@ class Broker:
         recovery_s: float = RECOVERY_WINDOW,
         metrics: str | None = None,
         insecure: bool = False,
+        state_dir: str | None = None,
     ) -> None:
         self.frontend_endpoint = frontend
         self.backend_endpoint = backend
@@ -149,6 +151,8 @@ class Broker:
         self.recovery_s = recovery_s
         self.metrics_address = metrics
         self.insecure = insecure
+        self.state_dir = state_dir
+        self.journal: Journal | None = None
         self.broker_id = "broker-" + uuid.uuid4().hex[:8]
         digest = hashlib.sha256(frontend.encode()).digest()
         self.incarnation = int.from_bytes(digest[:6], "big")  # the pool's, stable across restarts
@@ -205,6 +209,8 @@ class Broker:
             ctx.term()
         if self.metrics is not None:
             self.metrics.close()
+        if self.journal is not None:
+            self.journal.close()
 
     # ---------------------------------------------------------------- the loop
 
@@ -213,6 +219,12 @@ class Broker:
             self._open()
             if self.metrics_address:
                 self.metrics = MetricsServer(self.metrics_address)
+            if self.state_dir:
+                self.journal = Journal(self.state_dir)
+                log.info("journal %s: %d calls sent by earlier runs", self.journal.path, len(self.journal.previous))
+        except OSError as e:
+            self.close()
+            raise BrokerError(f"cannot use the state directory {self.state_dir}: {e}") from None
         except (BrokerError, ValueError) as e:
             self.close()
             raise BrokerError(str(e)) from None
@@ -282,6 +294,10 @@ class Broker:
         self.recovering = False
         log.info("recovery window over: %d executors, %d tools", len(self.members), len(self.specs))
         self._adopt_specs(final=True)
+        for job in list(self.waiting):
+            if self._earlier_run(job) is not None:
+                self.waiting.remove(job)
+                self._place_earlier(job)
         self._dispatch()
 
     def _adopt_specs(self, final: bool) -> None:
@@ -380,7 +396,34 @@ class Broker:
         if member is not None:
             self._send_job(job, member)  # it holds this id: it answers from its cache or joins the call
             return
+        if not self.recovering and self._place_earlier(job):
+            return
         self.waiting.push(job)
+
+    def _earlier_run(self, job: Job) -> Member | Result | None:
+        """For a call an earlier run of the broker sent to an executor (the journal says so): that
+        executor, if it is back (it knows the id); else, unless the tool is idempotent, the answer that
+        it may have run. None: a call like any other."""
+        cid = job.call.id or ""
+        executor = self.journal.previous.get(cid) if self.journal is not None else None
+        if executor is None:
+            return None
+        member = self._member_by_id(executor)
+        if member is not None:
+            return member
+        if job.spec is not None and job.spec.idempotent:
+            return None
+        return Result.failure(cid, "unavailable", f"before the broker restarted it sent this call to executor "
+                              f"{executor}, which has not come back: the call may have run, so it was not run again")
+
+    def _place_earlier(self, job: Job) -> bool:
+        """Act on ``_earlier_run``; True if the call was sent or answered."""
+        outcome = self._earlier_run(job)
+        if isinstance(outcome, Member):
+            self._send_job(job, outcome)
+        elif isinstance(outcome, Result):
+            self._finish(job, outcome)
+        return outcome is not None
 
     def _timeout(self, call: Call, spec: ToolSpec | None) -> float:
         for t in (call.timeout, spec.timeout if spec else None):
@@ -441,6 +484,8 @@ class Broker:
         if member.id not in job.tried:
             job.tried.append(member.id)
         member.running[job.call.id or ""] = job
+        if self.journal is not None:
+            self.journal.record(job.call.id or "", member.id)
         self._send_frames_backend(member.route, job.frames)
 
     def _expire_queued(self, now: float) -> None:

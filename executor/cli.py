@@ -177,6 +177,11 @@ def _add_broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                         f"a pool that never ran (default: {RECOVERY_WINDOW:g})")
     broker.add_argument("--metrics-port", metavar="[HOST:]PORT",
                         help="serve Prometheus metrics over HTTP on this port (127.0.0.1 unless HOST is given)")
+    broker.add_argument("--state-dir", metavar="DIR",
+                        help="keep a journal of which executor each call was sent to in DIR, so that after a restart "
+                        "the broker does not run a resent call again when the executor that had it did not come "
+                        "back (it answers `unavailable`, may have run); without it, that double fault can run a "
+                        "call twice")
     broker.add_argument("--insecure", action="store_true",
                         help="allow tcp without CurveZMQ (anyone who can reach an endpoint can use it) and abstract "
                         "ipc sockets")
@@ -287,7 +292,7 @@ def _broker(args: argparse.Namespace) -> int:
         return 2
     broker = Broker(args.frontend, args.backend, curve_secret=args.curve_secret, curve_clients=args.curve_clients,
                     curve_executors=args.curve_executors, max_queue=args.max_queue, recovery_s=args.recovery_s,
-                    metrics=args.metrics_port, insecure=args.insecure)
+                    metrics=args.metrics_port, insecure=args.insecure, state_dir=args.state_dir)
     try:
         return broker.serve()
     except BrokerError as e:

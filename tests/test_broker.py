@@ -20,6 +20,7 @@ import zmq
 from controller import ExecutorClient
 from executor.cli import main
 from executor.fairqueue import FairQueue
+from executor.journal import Journal
 from executor.status import fetch
 from protocol import (
     Call,
@@ -374,6 +375,25 @@ def test_the_fair_queue_skips_a_call_no_executor_can_take_and_expires_in_one_pas
     assert sorted(j.name for j in q) == ["busy-tool", "fresh"]
     assert q.remove(next(j for j in q if j.name == "fresh")) and not q.remove(_Waiting(b"z", "nobody"))
     assert len(q) == 1 and q.of(b"a") == 1 and q.of(b"b") == 0
+
+
+def test_the_broker_journal_survives_a_restart_skips_a_torn_line_and_forgets_old_entries(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "state")
+    journal.record("call-1", "ex-a")
+    journal.record("call-2", "ex-b")
+    journal.close()
+    with open(journal.path, "a") as f:
+        f.write(f"{time.time() - 7200:.3f} call-old ex-c\n")  # older than the journal's hour
+        f.write("1234.5 call-torn")  # a broker killed mid-write
+    again = Journal(tmp_path / "state")
+    assert again.previous == {"call-1": "ex-a", "call-2": "ex-b"}
+    assert len(again.path.read_text().splitlines()) == 2  # compacted to what is still remembered
+    again.close()
+    small = Journal(tmp_path / "small", max_entries=3)
+    for i in range(10):
+        small.record(f"c{i}", "ex")
+    assert small.lines <= 4 and len(small.path.read_text().splitlines()) == small.lines
+    small.close()
 
 
 def test_reconnection_backs_off_exponentially_up_to_a_bound() -> None:

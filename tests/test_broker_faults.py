@@ -152,3 +152,33 @@ def test_calls_of_an_idempotent_tool_are_rerun_once_elsewhere_when_their_executo
     starts = [line.split()[2] for line in log.read_text().splitlines() if line.startswith("start L ")]
     assert len(starts) == 2 and starts[0] != starts[1], "started once on each executor"
     assert _runs(log)["W"] == 0
+
+
+def test_with_a_journal_a_restarted_broker_does_not_rerun_a_call_whose_executor_died_meanwhile(
+        pool: Pool, tmp_path: Path) -> None:
+    """The double fault: the broker and the executor running a call both die. With --state-dir the
+    restarted broker knows it sent the call there, answers the client's resend `unavailable` (may have
+    run) instead of running it again, and re-runs the idempotent call elsewhere."""
+    log = tmp_path / "side-effects.log"
+    state = ["--state-dir", str(tmp_path / "state")]
+    pool.start_broker(*state)
+    first = pool.add_executor(workers=2)
+    pool.wait_for_executors(1)
+    with ExecutorClient(pool.frontend, timeout=30) as client:
+        client.tools()
+        lost = client.submit(Call(tool="work", kwargs={"tag": "W", "log": str(log), "seconds": 8}))
+        rerun = client.submit(Call(tool="lookup", kwargs={"tag": "L", "log": str(log), "seconds": 6}))
+        wait_until("both calls running on the first executor", lambda: (r := pool.status()) is not None and r.busy == 2)
+        pool.add_executor(workers=2)  # where the idempotent call can run again
+        pool.wait_for_executors(2)
+        assert not rerun.done(), "the machine is too slow for this test: the 6 s call finished before the faults"
+        assert pool.broker is not None
+        pool.kill(pool.broker)
+        pool.kill(first)
+        pool.start_broker(*state, recovery_s=3.0)
+        other, idempotent = lost.result(timeout=60), rerun.result(timeout=60)
+    assert other.error is not None and other.error.kind == "unavailable", other.error
+    assert "may have run" in other.error.message and "has not come back" in other.error.message
+    assert idempotent.ok, idempotent.error
+    assert _runs(log)["W"] == 0  # killed before it finished, and not run again
+    assert len([line for line in log.read_text().splitlines() if line.startswith("start L ")]) == 2
