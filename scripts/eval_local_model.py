@@ -336,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--wordings", type=int, default=5, help="wordings per shape (at most 5)")
     parser.add_argument("--max-steps", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2,
+                        help="llama.cpp threads (1 is faster when other work keeps the cores busy)")
     parser.add_argument("--out", default=str(ROOT / "bench-results" / "local_model.json"))
     args = parser.parse_args(argv)
     temperatures = args.temperature or [0.0, 0.5]
@@ -346,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     started = time.perf_counter()
     ws = Path(tempfile.mkdtemp(prefix="ciayn-eval-"))
-    with LocalModelServer() as server, LocalExecutor(tools=[BUILTIN], workspace=ws) as client:
+    with LocalModelServer(threads=args.threads) as server, LocalExecutor(tools=[BUILTIN], workspace=ws) as client:
         for setting in settings:
             for shape in shapes:
                 runs = []
@@ -400,6 +402,7 @@ def write_report(
         "wordings_per_shape": args.wordings,
         "max_steps": args.max_steps,
         "max_tokens": LOCAL_MAX_TOKENS,
+        "llama_threads": args.threads,
         "offered_tools": list(OFFERED),
         "wall_seconds": round(time.perf_counter() - started, 1),
         "cold_first_step_s": next((r["runs"][0]["model_seconds"][0] for r in results if r["runs"]), None),
