@@ -350,12 +350,16 @@ def run(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
     )
 
 
-CUTS: dict[str, tuple[list[str], dict[str, Any]]] = {
-    "as shipped": ([], {}),
-    "no spin after dispatch (supervisor)": (["nospin"], {}),
-    "no peak-RSS reset per call (worker clear_refs)": (["noclearrefs"], {}),
-    "no per-call log line (--log-level warning)": ([], {"log_level": "warning"}),
-    "all three cuts": (["nospin", "noclearrefs"], {"log_level": "warning"}),
+# name: (what-if patches, LocalExecutor options, on the lean path (--reuse-workers) or the default flags)
+CUTS: dict[str, tuple[list[str], dict[str, Any], bool]] = {
+    "as shipped": ([], {}, True),
+    "no spin after dispatch (supervisor)": (["nospin"], {}, True),
+    "no peak-RSS reset per call (worker clear_refs)": (["noclearrefs"], {}, True),
+    "no per-call log line (--log-level warning)": ([], {"log_level": "warning"}, True),
+    "all three cuts": (["nospin", "noclearrefs"], {"log_level": "warning"}, True),
+    "default flags (a fresh worker per call), 1 worker": ([], {}, False),
+    "default flags, --workers 2 (a spare prewarmed worker for sequential calls)": ([], {"workers": 2}, False),
+    "default flags, --no-cgroups (no control groups per worker)": ([], {"no_cgroups": True}, False),
 }
 
 
@@ -369,9 +373,12 @@ def cuts(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
         echo = ZmqEcho(tmp)
         stack.callback(echo.close)
         variants: dict[str, tuple[Dealer, CpuMeter, int]] = {}
-        for name, (patches, options) in CUTS.items():
+        for name, (patches, options, on_lean) in CUTS.items():
+            if on_lean is False and not lean:
+                continue  # the default flags are the lean path already
             try:
-                running = stack.enter_context(direct(workers=1, extra=lean, patches=patches, **options))
+                flags = lean if on_lean else []
+                running = stack.enter_context(direct(extra=flags, patches=patches, **{"workers": 1, **options}))
                 dealer = Dealer(running.endpoint, name)
                 stack.callback(dealer.close)
                 dealer.block(20)

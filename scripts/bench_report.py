@@ -313,9 +313,11 @@ def _md_cuts(f: dict[str, Any]) -> list[str]:
                     f"{e['cpu_per_call_us']:.0f} us | {e['supervisor_cpu_per_call_us']:.0f} us | "
                     f"{e['worker_cpu_per_call_us']:.0f} us |")
     return [f"**{f['title']}** ({f['method']})", "", *rows, "",
-            "**What it means:** each row is the shipped executor with one candidate cut applied in memory; the "
-            "difference to the first row, in the same rounds, is what that cut would buy on this machine. Which cuts "
-            "to make is a decision for the code's owners.", ""]
+            f"**What it means:** the first five rows are the executor on the lean path ({f['path_flags']}) as "
+            "shipped and with one candidate cut applied in memory; the difference to the first row, in the same "
+            "rounds, is what that cut would buy on this machine. The last rows compare the default flags (a fresh "
+            "worker per call) with a spare prewarmed worker and without control groups: what the fresh-worker path "
+            "spends waiting for its replacement worker. Which cuts to make is a decision for the code's owners.", ""]
 
 
 def _md_recovery(f: dict[str, Any]) -> list[str]:
