@@ -661,7 +661,7 @@ def _shm_left(token: str) -> str | None:
     return f"LEFT on the host: /dev/shm/{left[0]}" if left else None
 
 
-def _processes_left(token: str, bound: float = 3.0) -> str | None:
+def _processes_left(token: str, bound: float = 10.0) -> str | None:
     """Processes carrying ``token`` in their command line (waiting up to ``bound`` for the kill)."""
     import psutil
 
@@ -882,7 +882,7 @@ def _host_rows(before: dict[str, Any], token: str, ours: tuple[str, ...]) -> lis
     """After the executor stopped: nothing of it may remain on the host (bounded wait for the
     kernel to finish tearing down what it killed). Its groups are those whose names hold its id
     (memory, pids, kill) or its template's pid (CPU): other executors may run meanwhile."""
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 10
     while True:
         after = _host_state()
         leftovers = {
