@@ -87,8 +87,10 @@ class Group:
             with contextlib.suppress(OSError):
                 (self.kill / "cgroup.kill").write_text("1")
 
-    def remove(self) -> None:
-        deadline = time.monotonic() + EMPTY_WAIT
+    def remove(self, wait: float = EMPTY_WAIT) -> bool:
+        """Remove the groups, waiting up to ``wait`` for them to empty; whether all are gone."""
+        deadline = time.monotonic() + wait
+        gone = True
         for path in self.paths():
             while True:
                 try:
@@ -98,8 +100,10 @@ class Group:
                     break
                 except OSError:  # still populated (processes exiting): retry briefly
                     if time.monotonic() > deadline:
+                        gone = False
                         break
                     time.sleep(0.005)
+        return gone
 
 
 @dataclass(frozen=True)

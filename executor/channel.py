@@ -149,6 +149,22 @@ class CallRequest(_Message):
                    kwargs=_field(obj, "kwargs", dict), limits=_field(obj, "limits", (dict, type(None)), None))
 
 
+@dataclass(frozen=True)
+class Started(_Message):
+    """Worker -> supervisor, before the tool runs: from here on the call may have had effects. A
+    worker that dies before saying so never ran the tool, so its call can be given to another."""
+
+    OP: ClassVar[str] = "started"
+    seq: int
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> Started | None:
+        """The ack, or None if ``obj`` is something else (a reply)."""
+        if isinstance(obj, dict) and obj.get("op") == cls.OP:
+            return cls(seq=_field(obj, "seq", int))
+        return None
+
+
 @dataclass
 class Reply(_Message):
     """Worker -> supervisor: how the call went. ``error`` is an ``ErrorInfo`` dump; ``signals`` are

@@ -4,6 +4,7 @@ the worker end runs tool code, so the supervisor still bounds what it reads."""
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 from typing import Any
@@ -54,8 +55,10 @@ def recv(sock: socket.socket) -> Any:
     return msgpack.unpackb(_recv_exact(sock, size), raw=False)
 
 
-def recv_with_fds(sock: socket.socket, max_fds: int = 8) -> tuple[Any, list[int]]:
-    """Blocking read of one frame that may carry file descriptors (supervisor <- template).
+def recv_with_fds(sock: socket.socket, max_fds: int = 8, limit: int = MAX_INTERNAL_FRAME) -> tuple[Any, list[int]]:
+    """Read one frame that may carry file descriptors (supervisor <- template), of at most
+    ``limit`` bytes (``FrameError`` from the header alone otherwise). It blocks as long as the
+    socket's timeout allows (the caller sets one: a peer that sends half a frame must not hold it).
 
     The header is read alone so the descriptors (attached to the first bytes of a send) come with
     it and no byte of a following frame is consumed."""
@@ -65,7 +68,16 @@ def recv_with_fds(sock: socket.socket, max_fds: int = 8) -> tuple[Any, list[int]
     if len(header) < _HEADER.size:
         header += _recv_exact(sock, _HEADER.size - len(header))
     (size,) = _HEADER.unpack(header)
-    return msgpack.unpackb(_recv_exact(sock, size), raw=False), list(fds)
+    if size > limit:
+        for fd in fds:
+            os.close(fd)
+        raise FrameError(f"internal frame of {size} bytes is over the {limit}-byte limit")
+    try:
+        return msgpack.unpackb(_recv_exact(sock, size), raw=False), list(fds)
+    except Exception:
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 class Reader:

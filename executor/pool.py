@@ -39,6 +39,7 @@ from executor.channel import (
     Reply,
     Spawn,
     Spawned,
+    Started,
     Sweep,
     ToolsLoaded,
     template_message,
@@ -53,6 +54,10 @@ TEMPLATE_START_TIMEOUT = 60.0  # importing tool modules may be slow
 TEMPLATE_ANSWER_TIMEOUT = 3.0  # a spawn request unanswered this long: the template is stopped or wedged
 EXIT_STATUS_WAIT = 2.0  # after a worker's channel closes, how long to wait for its exit status
 KILL_GRACE = 1.0  # after SIGKILL, how long a call waits for its worker's exit before it is answered anyway
+TEMPLATE_FRAME_LIMIT = 64 * 1024  # the template's messages after start-up are tiny (Spawned, Exited)
+TEMPLATE_READ_TIMEOUT = 0.5  # a message begun on its channel must be complete within this
+REPLACE_WAIT = 0.25  # how long replacing a template waits for the old one's tree to die
+START_TIMEOUT = 2.0  # a worker that does not say it started a call this long after getting it is replaced
 RETIRE_GRACE = 2.0  # a worker that answered its one call must exit within this, or it is killed
 IDLE_READ_LIMIT = 64 * 1024  # what a worker with no call may send before it is cut off (it should send nothing)
 SPIN_AFTER_DISPATCH = 0.0003  # seconds of polling without sleep after a dispatch (quick calls' replies)
@@ -75,6 +80,8 @@ class Slot:
     out_fd: int
     err_fd: int
     job: Job | None = None
+    started: bool = False  # the worker said it started the job's tool (before that, the job never ran)
+    start_by: float = 0.0  # when it must have said so
     closed_at: float = 0.0  # when the channel closed and we await the exit status
     killed_at: float = 0.0  # when we sent SIGKILL
     seq: int = 0  # number of the request in flight: a reply must carry it
@@ -99,6 +106,7 @@ class WorkerPool:
         size: int,
         on_done: Callable[[Job, Result], None],
         next_job: Callable[[], Job | None],
+        requeue: Callable[[Job], None] | None = None,
     ) -> None:
         self.config = config
         self.limits = config.limits
@@ -106,6 +114,7 @@ class WorkerPool:
         self.size = max(1, size)
         self.on_done = on_done
         self.next_job = next_job
+        self.requeue = requeue
         self.slots: dict[int, Slot] = {}  # live workers by id
         self.spawning: dict[int, float] = {}  # worker id -> when the template was asked for it
         self.retiring: dict[int, float] = {}  # pid -> when it answered its one call (it exits by itself)
@@ -143,7 +152,7 @@ class WorkerPool:
         except (EOFError, OSError, framing.FrameError, ChannelError) as e:
             self._kill_template()
             raise StartupError(f"the tool template process died while importing the tools ({e})") from None
-        ours.settimeout(None)
+        ours.settimeout(TEMPLATE_READ_TIMEOUT)  # from now on it sends small messages, each whole at once
         if not isinstance(first, ToolsLoaded):
             self._kill_template()
             raise StartupError(first.message if isinstance(first, LoadFailed) else f"unexpected {first!r}")
@@ -198,12 +207,13 @@ class WorkerPool:
             self.template_pid = 0
         kill_children()  # as a subreaper we hold whatever the template's tree left behind
 
-    def _kill_template(self) -> None:
-        """SIGKILL the template and reap it, waiting at most ``KILL_GRACE``."""
+    def _kill_template(self, wait: float = KILL_GRACE) -> None:
+        """SIGKILL the template and reap it, waiting at most ``wait`` (one that SIGKILL cannot stop
+        yet, frozen or in uninterruptible sleep, is left; as our child it is reaped when it dies)."""
         if self.template_pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.template_pid, signal.SIGKILL)
-            deadline = time.monotonic() + KILL_GRACE
+            deadline = time.monotonic() + wait
             with contextlib.suppress(ChildProcessError):
                 while not os.waitpid(self.template_pid, os.WNOHANG)[0] and time.monotonic() < deadline:
                     time.sleep(0.005)
@@ -211,7 +221,8 @@ class WorkerPool:
 
     def _replace_template(self, why: str) -> None:
         """The template is gone or stopped answering: answer what it owed, kill its whole tree, start
-        a new one. Running calls are lost with their workers (the template's death kills them)."""
+        a new one. Calls its workers had started are lost with them (answered ``crashed``); calls
+        they had not started yet go back to the queue."""
         log.error("the template process %s; replacing it", why)
         if self.template is not None:
             if self.poller is not None:
@@ -219,21 +230,21 @@ class WorkerPool:
                     self.poller.unregister(self.template_fd)
             self.template.close()
             self.template = None
-        self._kill_template()
+        self._kill_template(wait=REPLACE_WAIT)
         for slot in list(self.slots.values()):
-            if slot.job is not None:
+            self._kill(slot, "its template is gone")  # first: a killed worker runs no more code
+        for slot in list(self.slots.values()):
+            if slot.job is not None and not self._unstarted(slot) and slot.job is not None:
                 job = slot.job
                 slot.job = None
                 result = job.outcome or Result.failure(
                     job.call_id, "crashed",
                     f"the executor's template process {why}; the worker running this call was killed with it")
                 self._answer(job, result, slot, restarted=True)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(slot.pid, signal.SIGKILL)
             self._close_slot(slot)
         self.spawning.clear()
         self.retiring.clear()
-        kill_children()  # the old template's orphans came to us
+        kill_children(wait=REPLACE_WAIT)  # the old template's orphans came to us (what SIGKILL cannot stop is left)
         self._remove_groups()
         self.template_restarts += 1
         try:
@@ -312,6 +323,7 @@ class WorkerPool:
             job.started = time.monotonic()
             job.deadline = job.started + job.limits.timeout_s
             slot.job = job
+            slot.started, slot.start_by = False, job.started + START_TIMEOUT
             slot.seq += 1
             slot.reader.limit = reply_cap(job.limits)
             self.spin_until = time.monotonic() + SPIN_AFTER_DISPATCH
@@ -341,7 +353,10 @@ class WorkerPool:
     def check_deadlines(self, now: float) -> None:
         for slot in list(self.slots.values()):
             job = slot.job
-            if job is not None and not slot.killed and now >= job.deadline:
+            if job is not None and not slot.killed and not slot.started and now >= slot.start_by:
+                # Stopped before it could read the call (a tool may SIGSTOP the workers forked ahead).
+                self._kill(slot, f"it did not start call {job.call_id} within {START_TIMEOUT:g} s")
+            elif job is not None and not slot.killed and now >= job.deadline:
                 job.outcome = Result.failure(
                     job.call_id, "timeout",
                     f"the tool ran past its {job.limits.timeout_s:g} s time limit and was killed")
@@ -372,10 +387,14 @@ class WorkerPool:
     def _on_template(self) -> None:
         assert self.template is not None
         try:
-            raw, fds = framing.recv_with_fds(self.template)
+            raw, fds = framing.recv_with_fds(self.template, limit=TEMPLATE_FRAME_LIMIT)
             msg = template_message(raw)
-        except (EOFError, OSError, framing.FrameError, ValueError):  # ChannelError is a ValueError
+        except EOFError:
             self._replace_template("died")
+            return
+        except (OSError, framing.FrameError, ValueError) as e:  # timeout; ChannelError is a ValueError
+            self._replace_template(f"sent something that is not one of its messages ({e}): did a tool write on "
+                                   "its channel?")
             return
         if isinstance(msg, Spawned) and len(fds) >= 3:
             wid = msg.worker
@@ -473,6 +492,12 @@ class WorkerPool:
         for raw in replies:
             job = slot.job
             try:
+                ack = Started.from_wire(raw)
+                if ack is not None:
+                    if job is None or ack.seq != slot.seq or slot.started:
+                        raise ChannelError("a start that does not match the request in flight")
+                    slot.started = True
+                    continue
                 reply = Reply.from_wire(raw)
                 if job is None or reply.seq != slot.seq:
                     # A reply to no request, or to another one: tool code wrote on the channel (a
@@ -569,6 +594,7 @@ class WorkerPool:
         """Answer the call of a worker that will not die and forget the worker; its exit, if it ever
         comes, is only logged. Its slot is refilled at once."""
         log.error("worker %d (pid %d) %s; its call is answered and the process abandoned", slot.id, slot.pid, why)
+        self._unstarted(slot)
         job = slot.job
         if job is not None:
             slot.job = None
@@ -585,9 +611,29 @@ class WorkerPool:
         while len(self.abandoned) > MAX_ABANDONED:
             self.abandoned.pop(next(iter(self.abandoned)))
 
+    def _unstarted(self, slot: Slot) -> bool:
+        """Whether the job of a dead (or abandoned) worker never started: read what is left on the
+        channel first (a start or a reply sent before the end), then, if it never started and nothing
+        but the pool's own start-timeout decided its fate, put it back in the queue for another worker."""
+        if slot.job is not None and slot.chan.fileno() in self.fd_owner:
+            self._on_worker(slot)
+        job = slot.job
+        if job is None or slot.started or self.requeue is None:
+            return False
+        if job.outcome is not None and job.outcome.error is not None and job.outcome.error.kind == "cancelled":
+            return False
+        slot.job = None
+        log.info("call %s never started in worker %d; queued again", job.call_id, slot.id)
+        self.requeue(job)
+        return True
+
     def _worker_gone(self, slot: Slot, sig: int, code: int | None, oom: bool = False,
                      cpu_s: float = 0.0, peak_rss_kb: int = 0) -> None:
         """The worker process is dead: finish its call, free its slot, make a new one."""
+        if self._unstarted(slot):
+            self._close_slot(slot)
+            self.dispatch()
+            return
         job = slot.job
         if job is not None:
             slot.job = None

@@ -25,6 +25,7 @@ from executor.limits import effective_limits
 from executor.link import BrokerLink
 from executor.metrics import CallStats, MetricsServer
 from executor.pool import StartupError, WorkerPool
+from executor.privacy import not_dumpable, scrub_initial_environment
 from executor.worker import WorkerConfig
 from protocol import (
     BindError,
@@ -94,7 +95,8 @@ class Supervisor:
         self.calls = CallTable(max_queue, max_queue_bytes=max_queue_mb * 1024**2, max_wait=max_queue_wait)
         config = WorkerConfig(targets=tools, limits=limits, name=self.executor_id, use_cgroups=use_cgroups,
                               reuse=reuse_workers, pass_env=list(pass_env or ()))
-        self.pool = WorkerPool(config, size=workers, on_done=self._finish, next_job=self.calls.next_queued)
+        self.pool = WorkerPool(config, size=workers, on_done=self._finish, next_job=self.calls.next_queued,
+                               requeue=self.calls.requeue)
         self.clients: ClientSide | None = None
         self.stopping = False
         self.exit_code = 0  # 1 when it stops because it cannot go on (the template died)
@@ -112,6 +114,8 @@ class Supervisor:
             side.check_endpoint(self.endpoint, curve=curve, insecure=self.insecure)
         except EndpointError as e:
             raise StartupError(str(e)) from None
+        not_dumpable()  # no ptrace, /proc/PID/mem or pidfd_getfd of our processes by a tool of our user
+        scrub_initial_environment()  # nor the environment we started with, through /proc/PID/environ
         self.pool.start_template()  # before any ZeroMQ context exists
         ctx = zmq.Context()
         try:

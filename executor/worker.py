@@ -46,11 +46,13 @@ from executor.channel import (
     Reply,
     Spawn,
     Spawned,
+    Started,
     Sweep,
     ToolsLoaded,
     template_message,
 )
 from executor.limits import apply_call_limits, apply_process_limits
+from executor.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, drop_capabilities
 from executor.registry import RegistryError, Tool, load_tools
 from protocol import BindError, Limits, ValueRefused, check_value
 from protocol.environment import allowed_environment
@@ -128,26 +130,34 @@ def _has_children() -> bool:
     return True  # running children (pid 0), or one zombie just reaped: look closer
 
 
-def kill_children(keep: frozenset[int] = frozenset(), rounds: int = 200) -> int:
+KILL_WAIT = 1.0  # seconds kill_children waits for what it killed to die
+
+
+def kill_children(keep: frozenset[int] = frozenset(), wait: float = KILL_WAIT) -> int:
     """SIGKILL and reap every child except ``keep``, repeating while new ones appear (a subreaper
-    inherits the grandchildren of the ones it kills). Returns how many were killed."""
-    killed = 0
-    for _ in range(rounds):
+    inherits the grandchildren of the ones it kills). Returns how many were killed.
+
+    It waits at most ``wait`` seconds and never blocks on one process: a child SIGKILL cannot stop
+    yet (frozen, or in uninterruptible sleep) is left to be reaped when it finally dies (the caller
+    reaps children anyway), instead of wedging whoever called this."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + wait
+    while True:
         victims = [p for p in _child_pids() if p not in keep]
         if not victims:
             break
         for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
+            if pid not in killed:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
         for pid in victims:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-    return killed
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.0005)
+    return len(killed)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -192,6 +202,7 @@ class _Workers:
         self.cgroups = cgroups
         self.config = config
         self.groups: dict[int, Group | None] = {}
+        self.dying: list[Group] = []
         self.count = 0
 
     def new_group(self, worker: int) -> Group | None:
@@ -215,8 +226,14 @@ class _Workers:
             group.kill_all()
         self.sweep()
         if group is not None:
-            group.remove()
+            self.dying.append(group)
+        self.remove_dead_groups()
         return oom
+
+    def remove_dead_groups(self) -> None:
+        """Remove the groups of dead workers that are empty now; one still holding a process that
+        SIGKILL has not stopped yet (frozen, uninterruptible sleep) is tried again later."""
+        self.dying = [g for g in self.dying if not g.remove(wait=0.05)]
 
     def sweep(self) -> None:
         """Kill every child of the template that is not a live worker: orphans of dead workers
@@ -224,11 +241,12 @@ class _Workers:
         kill_children(keep=frozenset(self.groups))
 
     def remove_all(self) -> None:
-        for group in self.groups.values():
+        for group in [*self.groups.values(), *self.dying]:
             if group is not None:
                 group.kill_all()
                 group.remove()
         self.groups.clear()
+        self.dying.clear()
 
 
 def _template_loop(chan: socket.socket, tools: dict[str, Tool], pool: _Workers) -> None:
@@ -301,6 +319,8 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
             _worker_setup(out_w, err_w, config)
             if sandbox is not None:
                 sandbox.enter()  # namespaces, read-only view, no privileges, Landlock, seccomp
+            else:  # as root: no tracing the executor's processes, no lifting hard limits
+                drop_capabilities(CAP_SYS_PTRACE, CAP_SYS_RESOURCE)
             worker_loop(child_end, tools, config)
         except BaseException:
             code = 70
@@ -353,6 +373,10 @@ def worker_loop(chan: socket.socket, tools: dict[str, Tool], config: WorkerConfi
         except EOFError:
             return
         limits = _call_limits(req, config.limits)
+        try:
+            chan.sendall(_started(req.seq))
+        except OSError:
+            return
         reply, replace = run_call(req, tools, limits, hard=not config.reuse)
         data = _pack_reply(reply, reply_cap(limits))
         try:
@@ -361,6 +385,10 @@ def worker_loop(chan: socket.socket, tools: dict[str, Tool], config: WorkerConfi
             return
         if replace or not config.reuse:
             return
+
+
+def _started(seq: int) -> bytes:
+    return framing.pack(Started(seq=seq).to_wire())
 
 
 def _rehearse(tools: dict[str, Tool], limits: Limits) -> None:
@@ -377,6 +405,7 @@ def _rehearse(tools: dict[str, Tool], limits: Limits) -> None:
     reply = _encode_value(0, None, limits)
     reply.cpu_s, reply.peak_rss_kb = _cpu(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     _pack_reply(reply, reply_cap(limits))
+    _started(0)
     _has_children()
 
 
@@ -396,7 +425,7 @@ def _pack_reply(reply: Reply, cap: int) -> bytes:
         for key, limit in (("traceback", 1000), ("message", 1000), ("type", MAX_TYPE_CHARS)):
             if isinstance(error.get(key), str):
                 error[key] = _cut(error[key], limit)
-    wire["signals"] = [{**s, "message": _cut(s.get("message", ""), 1000)} for s in wire["signals"][:8]]
+    wire["signals"] = _capped_signals(wire["signals"], 8, 1000)
     data = framing.pack(wire)
     if len(data) > cap:  # still too large: only the value can be (it passed its own check)
         wire.update(value=None, ok=False, error={"kind": "output_limit",
@@ -481,9 +510,24 @@ def run_call(req: CallRequest, tools: dict[str, Tool], limits: Limits, hard: boo
     reply.leftovers = kill_children() if _has_children() else 0
     reply.cpu_s = _cpu() - cpu0
     reply.peak_rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    reply.signals = [{"kind": s.kind, "message": _cut(s.message, MAX_SIGNAL_CHARS)}
-                     for s in signals.drain()[:MAX_SIGNALS]]
+    reply.signals = _capped_signals([{"kind": s.kind, "message": s.message} for s in signals.drain()],
+                                    MAX_SIGNALS, MAX_SIGNAL_CHARS)
     return reply, replace
+
+
+def _capped_signals(sigs: list[dict[str, Any]], count: int, chars: int) -> list[dict[str, Any]]:
+    """At most ``count`` signals, each message cut to ``chars``. The last ``complete`` and ``exit``
+    signals are always kept (they end the agent's task); the notes come first to last until the
+    room is gone, and a final note says how many were left out."""
+    if len(sigs) <= count:
+        return [{**s, "message": _cut(s["message"], chars)} for s in sigs]
+    ends = {s["kind"]: i for i, s in enumerate(sigs) if s["kind"] in ("complete", "exit")}
+    room = max(0, count - len(ends) - 1)
+    keep = sorted({*[i for i, s in enumerate(sigs) if s["kind"] == "note"][:room], *ends.values()})
+    out = [{**sigs[i], "message": _cut(sigs[i]["message"], chars)} for i in keep]
+    out.append({"kind": "note", "message": f"[{len(sigs) - len(keep)} more signals of this call were cut: "
+                f"at most {count} are sent]"})
+    return out
 
 
 def _tool_error(e: BaseException) -> dict[str, Any]:

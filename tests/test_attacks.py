@@ -217,13 +217,6 @@ def test_a_tool_that_patches_the_registry_changes_no_later_call(
     held(executor)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: the template runs as the same user as the tools and is dumpable, so a tool may write its memory "
-    "through /proc/<ppid>/mem: attacks.patch_template() rewrites a constant of the tool module in the "
-    "template, and every worker forked after that (for any client, for as long as the executor runs) returns "
-    "the attacker's value: greet('1') -> 'hijacked-by-an-earlier-call1'. The same access gives ptrace and "
-    "pidfd_getfd on the template (its channel to the supervisor). PR_SET_DUMPABLE 0 in the template and "
-    "workers stops this for a non-root executor; as root (CAP_SYS_PTRACE) only the hardened profile can."))
 def test_a_tool_cannot_rewrite_the_template_that_later_workers_are_forked_from(
     make_client: Callable[..., ExecutorClient],
 ) -> None:
@@ -254,14 +247,6 @@ def test_an_alarm_armed_for_the_next_call_never_fires_in_it(executor: LocalExecu
     held(executor)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: the workers forked ahead for later calls run as the same user as the call that is running, so its "
-    "tool may ptrace them: it SIGSTOPs them, copies their channel with pidfd_getfd(pidfd_open(pid), fd), answers "
-    "its own call with a forged reply (so the next call is dispatched at once) and stays the RETIRE_GRACE it is "
-    "given: it reads the next calls' requests (tool and arguments of whoever sent them) and answers them with "
-    "its values, which the supervisor accepts (right channel, right seq). Reproduce: workers=2, call "
-    "attacks.hijack_next_worker(log), then echo('innocent 0'), echo('innocent 1'): both return 'hijacked'. "
-    "PR_SET_DUMPABLE 0 in workers would stop this for a non-root executor, not for root (CAP_SYS_PTRACE)."))
 def test_a_tool_cannot_take_over_the_workers_forked_for_later_calls(
     make_client: Callable[..., ExecutorClient], tmp_path: Path
 ) -> None:
@@ -275,11 +260,6 @@ def test_a_tool_cannot_take_over_the_workers_forked_for_later_calls(
     assert not seen.exists(), f"the attacker read later requests: {seen.read_text()!r}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: a tool SIGSTOPs the workers forked ahead for later calls (same user: nothing stops it); the next "
-    "calls are handed to those stopped processes and end `timeout` after their full time limit although they "
-    "did nothing wrong. Reproduce: workers=2, call attacks.stop_next_workers(), then two echo calls: both "
-    "time out."))
 def test_stopping_the_workers_forked_for_later_calls_costs_no_later_call(
     make_client: Callable[..., ExecutorClient],
 ) -> None:
@@ -346,13 +326,6 @@ def test_secrets_in_the_executors_environment_are_not_in_a_tools_environment(
     held(local)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: a worker is forked (never exec'd) from the supervisor, so /proc/self/environ (the environment "
-    "its process image started with, kept on its stack) still holds every variable the executor was started "
-    "with, and so does the template's /proc/<ppid>/environ; os.environ.clear() in the template does not "
-    "touch that memory. `OPENAI_API_KEY=x ciayn-executor serve ...` then a tool reading /proc/self/environ "
-    "gets x. (LocalExecutor and ciayn filter before exec, and the hardened profile's start gate re-execs "
-    "without them, so those are not affected.)"))
 def test_secrets_in_the_executors_environment_are_not_in_proc_environ(
     start_raw: Callable[..., LocalExecutor],
 ) -> None:
@@ -427,12 +400,6 @@ def test_killing_the_template_costs_one_call_and_the_executor_recovers(
     held(executor)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (race, about 1 round in 3 here): a tool SIGKILLs the template and returns; its reply reaches the "
-    "client before the template's death is seen, the client sends the next call, and the supervisor hands it to "
-    "the worker forked ahead, which the template's death kills (PR_SET_PDEATHSIG): the innocent call is answered "
-    "`crashed` (\"the executor's template process died; the worker running this call was killed with it\"). "
-    "Reproduce: loop { call attacks.kill_template(); call echo(n) } - about 9 echo calls in 30 fail."))
 def test_the_call_after_a_template_kill_succeeds(executor: LocalExecutor, client: ExecutorClient) -> None:
     lost = []
     rounds = 12  # the race was lost about 1 round in 3: twelve rounds miss it about 1 run in 70
@@ -505,12 +472,6 @@ def test_a_worker_stuck_in_uninterruptible_sleep_is_answered_on_time_and_abandon
     held(executor)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: kill_children() waits for each victim with a blocking waitpid(pid, 0). A tool that leaves a child "
-    "that SIGKILL cannot stop (frozen, or in D state) wedges its worker in that wait (its call times out), then "
-    "the template (it reaps the worker and blocks in the same wait in _Workers.sweep(), so no spawn is "
-    "answered), then the supervisor: WorkerPool._replace_template() kills the template, inherits the child as "
-    "subreaper and blocks in kill_children() forever. Pings and calls go unanswered until the child is thawed."))
 def test_a_child_left_in_uninterruptible_sleep_does_not_wedge_the_executor(
     make_client: Callable[..., ExecutorClient], freezer: Path
 ) -> None:
@@ -528,10 +489,6 @@ def test_a_child_left_in_uninterruptible_sleep_does_not_wedge_the_executor(
     held(client.local)  # type: ignore[attr-defined]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: a tool freezes the template (as a template in D state would be): the pool sees no spawn answer and "
-    "replaces it, but SIGKILL cannot stop it; _kill_template() gives up after KILL_GRACE and kill_children() "
-    "in the supervisor then blocks in waitpid() on it forever: no ping or call is answered until it is thawed."))
 def test_a_template_that_cannot_be_killed_is_abandoned_and_replaced(
     make_client: Callable[..., ExecutorClient], freezer: Path
 ) -> None:
@@ -549,11 +506,6 @@ def test_a_template_that_cannot_be_killed_is_abandoned_and_replaced(
         wire.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: shutdown with a worker SIGKILL cannot stop (frozen / D state) never ends: the template blocks in "
-    "kill_children()'s waitpid(pid, 0) on it, the supervisor kills the template after 2 s and then blocks in "
-    "its own kill_children() on the worker it inherited. SIGTERM is not enough; LocalExecutor.stop() gets "
-    "there only by SIGKILLing the process group after STOP_TIMEOUT."))
 def test_shutdown_with_a_worker_that_cannot_be_killed_ends_within_a_bound(
     make_client: Callable[..., ExecutorClient], freezer: Path
 ) -> None:
@@ -710,11 +662,6 @@ def test_40_mb_of_signals_arrive_cut_with_a_note(executor: LocalExecutor, client
     held(executor)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: signals beyond the first 64 (MAX_SIGNALS in executor/worker.py run_call, and beyond 8 when "
-    "_pack_reply has to shrink a reply) are dropped without any note: 40 MB in 40,000 signals arrive as 64 "
-    "notes, and the completion signal the tool raised last is silently lost (issue 9 point 4: cut with a "
-    "note, never dropped)."))
 def test_40_mb_in_40000_signals_arrive_cut_with_a_note(executor: LocalExecutor, client: ExecutorClient) -> None:
     r = client.call(Call(tool="huge_signals", kwargs={"mb": 40, "count": 40_000}))
     assert r.ok and r.signals, r
@@ -745,13 +692,6 @@ def test_120_mb_on_the_workers_channel_costs_only_the_worker(
     held(executor)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: the supervisor reads the template's channel with framing.recv_with_fds(), which trusts the "
-    "frame header (no size cap) and blocks until the whole frame has come. A tool takes a copy of the "
-    "template's channel (pidfd_getfd(pidfd_open(ppid), fd): same user) and writes a header announcing 120 MB: "
-    "with nothing after it the supervisor blocks in recv forever (no ping, no call answered, SIGTERM ignored); "
-    "with the 120 MB after it the supervisor's RSS peaks near 290 MB. Reproduce: "
-    "attacks.write_on_template_channel(mb=120, stall=True|False)."))
 @pytest.mark.parametrize("stall", [True, False], ids=["header-then-nothing", "120-mb"])
 def test_writing_on_the_templates_channel_costs_only_the_template(
     make_client: Callable[..., ExecutorClient], stall: bool

@@ -257,7 +257,7 @@ FAULTS = [
     Fault("unpackable", None, False, check=_repr_of_set),
     Fault("read_stdin", None, False, check=_empty_stdin),
     Fault("daemon", None, False, leftovers=_returned_pids),
-    Fault("fork_children", None, False, leftovers=_returned_200_pids),
+    Fault("fork_children", None, False, leftovers=_returned_200_pids, timeout=10.0),  # 200 forks: slow under load
     Fault("fail", "tool_error", False, check=_boom),
 ]
 ROUNDS = 3

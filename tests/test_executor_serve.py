@@ -175,11 +175,12 @@ def test_a_bad_start_stops_with_a_clear_message_and_leaves_nothing(case: str, tm
 def test_an_endpoint_in_use_stops_start_up_with_a_clear_message(transport: str, sock_dir: Path) -> None:
     """Also for ipc, where ZeroMQ would silently replace the live executor's socket file."""
     endpoint = f"tcp://127.0.0.1:{_free_port()}" if transport == "tcp" else f"ipc://{sock_dir}/exec.sock"
-    first = subprocess.Popen([*SERVE, "--tools", FAULTY, "--bind", endpoint],
+    insecure = ["--insecure"] if transport == "tcp" else []  # plain tcp is refused without it
+    first = subprocess.Popen([*SERVE, "--tools", FAULTY, "--bind", endpoint, *insecure],
                              stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         read_stderr_until(first, "serving")
-        out = serve("--tools", FAULTY, "--bind", endpoint)
+        out = serve("--tools", FAULTY, "--bind", endpoint, *insecure)
         assert out.returncode != 0
         assert f"cannot bind {endpoint}" in out.stderr, out.stderr
         with ExecutorClient(endpoint) as client:

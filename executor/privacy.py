@@ -1,0 +1,88 @@
+"""What the executor's own processes keep from the tools they run, in every profile.
+
+Workers are forked (never exec'd) from the template, and the template from the supervisor, so two
+things tools could read by plain file access would leak the executor's state:
+
+- ``/proc/PID/environ`` (of the worker itself, of the template or of the supervisor) reads the
+  environment strings the process image *started* with, kept on its stack; ``os.environ.clear()``
+  does not touch them. ``scrub_initial_environment`` moves every variable still set to the heap and
+  overwrites that region.
+- A dumpable process of the same user can be ptraced, read through ``/proc/PID/mem`` or
+  ``process_vm_readv``, and have descriptors copied with ``pidfd_getfd``. ``not_dumpable`` turns
+  that off (inherited by every process forked after it). Root keeps ``CAP_SYS_PTRACE`` and ignores
+  it: as root, only the hardened profile separates tools from the executor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+
+PR_SET_DUMPABLE = 4
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def not_dumpable() -> None:
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def _environ_region() -> tuple[int, int] | None:
+    """The (start, end) addresses of this process's initial environment strings."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end: fields 50 and 51
+    except (OSError, IndexError, ValueError):
+        return None
+    return (start, end) if 0 < start < end else None
+
+
+def scrub_initial_environment() -> bool:
+    """Overwrite the initial environment strings, so ``/proc/PID/environ`` shows nothing. Every
+    variable still set is first copied to the heap (``setenv`` allocates), so ``getenv`` keeps
+    working. Returns whether the region was overwritten."""
+    for key, value in list(os.environ.items()):
+        with contextlib.suppress(ValueError, OSError):
+            os.putenv(key, value)
+    region = _environ_region()
+    if region is None:
+        return False
+    start, end = region
+    ctypes.memset(start, 0, end - start)
+    return True
+
+
+CAP_SYS_PTRACE = 19
+CAP_SYS_RESOURCE = 24
+PR_CAPBSET_DROP = 24
+_CAP_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities(*caps: int) -> bool:
+    """Take ``caps`` out of this process's bounding, permitted, effective and inheritable sets, for
+    good (nothing it execs gets them back). A worker of an executor running as root drops
+    ``CAP_SYS_PTRACE`` (so it cannot trace, read or take descriptors from the executor's other, non-
+    dumpable processes) and ``CAP_SYS_RESOURCE`` (so it cannot lift its hard limits). Returns whether
+    it held any of them; a process without them has nothing to drop."""
+    header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
+    if _libc.capget(ctypes.byref(header), data) != 0:
+        return False
+    held = any(data[c // 32].permitted & (1 << (c % 32)) for c in caps)
+    for c in caps:
+        _libc.prctl(PR_CAPBSET_DROP, c, 0, 0, 0)  # EPERM without CAP_SETPCAP: then it was not ours to drop
+        word, bit = c // 32, 1 << (c % 32)
+        data[word].effective &= ~bit
+        data[word].permitted &= ~bit
+        data[word].inheritable &= ~bit
+    if held and _libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed while dropping capabilities")
+    return held
