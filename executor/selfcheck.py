@@ -844,16 +844,16 @@ def run(quiet: bool = True) -> list[Row]:
 
 
 def _busy_worker(template: int, psutil: Any) -> int:
-    """The host pid of a worker running a call (the 'sibling' whose call the others attack)."""
-    deadline = time.monotonic() + 5
+    """The host pid of the worker running the long ``hold`` call (the sibling whose call the others
+    attack): the one asleep in nanosleep, where idle workers wait on their channel."""
+    deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         for child in psutil.Process(template).children():
-            with contextlib.suppress(psutil.Error):
-                if child.status() == psutil.STATUS_SLEEPING and child.cpu_times().user > 0:
+            with contextlib.suppress(OSError, psutil.Error), open(f"/proc/{child.pid}/wchan") as f:
+                if "nanosleep" in f.read():
                     return int(child.pid)
         time.sleep(0.02)
-    kids = psutil.Process(template).children()
-    return int(kids[0].pid) if kids else 0
+    raise RuntimeError("the selfcheck's long call did not start in a worker within 10 s")
 
 
 def _run_attempt(client: _Client, attempt: Attempt, ctx: Context) -> Row:
