@@ -366,7 +366,6 @@ def _worker_setup(out_w: int, err_w: int, config: WorkerConfig) -> None:
 
 def worker_loop(chan: socket.socket, tools: dict[str, Tool], config: WorkerConfig) -> None:
     """Serve calls from the channel: one, or (``config.reuse``) until the channel closes."""
-    _rehearse(tools, config.limits)
     while True:
         try:
             req = CallRequest.from_wire(framing.recv(chan))
@@ -389,24 +388,6 @@ def worker_loop(chan: socket.socket, tools: dict[str, Tool], config: WorkerConfi
 
 def _started(seq: int) -> bytes:
     return framing.pack(Started(seq=seq).to_wire())
-
-
-def _rehearse(tools: dict[str, Tool], limits: Limits) -> None:
-    """Walk the call path once with no call, while the worker waits for one. A forked process pays
-    for every page it first writes (copy-on-write); paying for the interpreter's, pydantic's and
-    msgpack's pages here, ahead of time, keeps that cost off the first (and only) call's path."""
-    signals.drain()
-    for t in tools.values():
-        with contextlib.suppress(BindError):
-            t.spec.bind([], {})
-    Limits.model_validate(limits.model_dump())
-    _reset_peak_rss()
-    _cpu()
-    reply = _encode_value(0, None, limits)
-    reply.cpu_s, reply.peak_rss_kb = _cpu(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    _pack_reply(reply, reply_cap(limits))
-    _started(0)
-    _has_children()
 
 
 def _pack_reply(reply: Reply, cap: int) -> bytes:
