@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from controller import ExecutorClient, ExecutorUnavailable
-from protocol.curve import CurveError, keygen, load_pair, load_public
 from protocol import Call
+from protocol.curve import CurveError, keygen, load_pair, load_public
 from tests.conftest import FAULTY
 
 
