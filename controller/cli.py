@@ -294,13 +294,15 @@ def open_executor(args: argparse.Namespace, say: Say = _say_on_stderr) -> Iterat
                           **limits)
     _LOCAL_PROCESSES.append(local)
     try:
-        client = local.start()
-    except ExecutorStartError as e:
-        raise UserError(f"The private executor did not start: {e}") from None
-    try:
-        yield client
+        try:
+            client = local.start()
+        except ExecutorStartError as e:
+            raise UserError(f"The private executor did not start: {e}") from None
+        try:
+            yield client
+        finally:
+            local.stop()
     finally:
-        local.stop()
         _LOCAL_PROCESSES.remove(local)
 
 
