@@ -35,6 +35,10 @@ def _fmt_us(us: float | None) -> str:
     return f"{us:.2f} us"
 
 
+def _fmt_ratio(ratio: float) -> str:
+    return f"{ratio:.0f}x" if ratio >= 100 else f"{ratio:.3g}x"
+
+
 # ------------------------------------------------------------------------------------------- charts
 
 
@@ -82,7 +86,7 @@ def _chart_round_trip(fig: Any, data: dict[str, Any]) -> None:
         lat = e["latency"]
         ax.barh(i, lat["p50"], color="tab:orange" if "ours" in e["name"] else "tab:blue")
         ax.plot([lat["p99"]], [i], marker="|", markersize=14, color="black")
-        ax.text(lat["p99"] * 1.3, i, f"{_fmt_us(lat['p50'])}  ({e['ratio_to_floor']:.3g}x floor)", va="center",
+        ax.text(lat["p99"] * 1.3, i, f"{_fmt_us(lat['p50'])}  ({_fmt_ratio(e['ratio_to_floor'])} floor)", va="center",
                 fontsize=8)
     ax.set_yticks(range(len(names)), names, fontsize=8)
     ax.set_xscale("log")
@@ -246,7 +250,8 @@ def _md_round_trip(f: dict[str, Any]) -> list[str]:
                               key=lambda e: e["latency"]["p50"])
     for e in measured_entries:
         lat = e["latency"]
-        rows.append(f"| {e['name']} | {_fmt_us(lat['p50'])} | {_fmt_us(lat['p99'])} | {e['ratio_to_floor']:.3g}x |")
+        ratio = _fmt_ratio(e["ratio_to_floor"])
+        rows.append(f"| {e['name']} | {_fmt_us(lat['p50'])} | {_fmt_us(lat['p99'])} | {ratio} |")
     for e in entries.values():
         if e.get("status") != MEASURED:
             rows.append(f"| {e['name']} | {e['status']} | | {e.get('reason', '')} |")
