@@ -3,6 +3,7 @@ holds; forked workers share the template's pages until they write them), after a
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import psutil
@@ -13,10 +14,30 @@ from protocol import Call
 
 WORKERS = 4
 MB = 2**20
+SETTLE_TIMEOUT = 5.0
 
 
 def _uss(proc: psutil.Process) -> float:
     return round(float(proc.memory_full_info().uss) / MB, 2)
+
+
+def _live(proc: psutil.Process) -> bool:
+    try:
+        return bool(proc.status() != psutil.STATUS_ZOMBIE and proc.memory_info().rss > 0)
+    except psutil.Error:
+        return False
+
+
+def _settled(supervisor: psutil.Process) -> tuple[psutil.Process | None, list[psutil.Process]]:
+    """The template and its live workers, once every worker slot is filled again (fresh workers
+    replace themselves after each call), waiting at most SETTLE_TIMEOUT seconds."""
+    deadline = time.monotonic() + SETTLE_TIMEOUT
+    while True:
+        template = next((c for c in supervisor.children() if c.children()), None)
+        workers = [w for w in template.children() if _live(w)] if template is not None else []
+        if len(workers) >= WORKERS or time.monotonic() > deadline:
+            return template, workers
+        time.sleep(0.05)
 
 
 def run(calls: int) -> dict[str, Any]:
@@ -29,8 +50,7 @@ def run(calls: int) -> dict[str, Any]:
                 if not result.ok:
                     raise RuntimeError(f"a call failed: {result}")
         supervisor = running.supervisor()
-        template = next((c for c in supervisor.children() if c.children()), None)
-        workers = template.children() if template is not None else []
+        template, workers = _settled(supervisor)
         info = supervisor.memory_full_info()
         return measured(
             title="Executor memory",
