@@ -4,7 +4,10 @@ each run in a real executor on a real ipc socket.
 Every finding of issue 9 is an attack here: replies forged on the worker's channel, patched
 registries, threads and alarms left for the next call, inherited descriptors, secrets, a killed,
 stopped or frozen template, unkillable workers and children, lifted limits, ``CLONE_PARENT``
-children, oversized errors and signals, floods on the channel. After each attack the executor must
+children, oversized errors and signals, floods on the channel. So are the attacks found while
+writing them: on the workers forked ahead for later calls (stopped, their channels taken), on the
+template's memory and channel, on secrets left in a worker's memory, with processes that never keep
+a pid, a tool that ignores SIGXCPU, and one that holds every worker. After each attack the executor must
 still answer a ping at once, its process tree must be exactly supervisor, template and worker
 (nothing the attack started), and the supervisor's peak RSS must stay under ``SUPERVISOR_PEAK_MB``.
 
