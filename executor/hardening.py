@@ -171,7 +171,7 @@ class HardenedConfig:
 
     workspace: str  # absolute; mounted read-only unless workspace_rw
     workspace_rw: bool = False
-    hide: tuple[str, ...] = ()  # directories never visible inside (the executor's socket directory)
+    hide: tuple[str, ...] = ()  # never visible inside: the executor's socket directory, its CurveZMQ key
     uid: int = NOBODY
     gid: int = NOBODY
     tmp_mb: int = 128  # /tmp (the cwd); tmpfs pages count against the memory group too
@@ -243,8 +243,8 @@ def _probe_landlock() -> str | None:
 
 
 def _apply_cgroups(sb: Sandbox) -> None:
-    """The memory and pids groups were joined by the worker code (``cgroups.Group.join``); check it
-    did, with the memory limit the executor asked for, and join this worker's CPU group."""
+    """The memory and pids groups were joined by the worker code (``cgroups.Group.join``): check that
+    it did (a worker outside them is refused), then put this worker under its CPU limit."""
     own, unified = {}, ""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
