@@ -5,9 +5,10 @@ Usage: .venv/bin/python scripts/bench_all.py [--tiny] [--out DIR] [--only FIGURE
 
 Writes DIR/results.json (every figure, with the machine it ran on), DIR/*.png (charts) and
 DIR/results.md (tables and what each figure means); with the default DIR it also refreshes the
-README's "Measured" section between its bench markers. ``--tiny`` runs every code path at a size
-that takes seconds (the test suite does this); its numbers mean nothing. Exits 1 if a benchmark
-broke (its figure then says ``failed`` and why).
+README's "Measured" section between its bench markers. With ``--only``, the figures run replace
+theirs in DIR/results.json and the rest are kept (each figure records when and where it ran).
+``--tiny`` runs every code path at a size that takes seconds (the test suite does this); its
+numbers mean nothing. Exits 1 if a benchmark broke (its figure then says ``failed`` and why).
 """
 
 from __future__ import annotations
@@ -143,10 +144,18 @@ def main(argv: list[str] | None = None) -> int:
         bench_executors.SHARED.close()
         shutil.rmtree(tmp, ignore_errors=True)
     results["elapsed_s"] = round(time.perf_counter() - started, 1)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    write_report(results, out, readme=not args.no_readme and not args.only and not args.tiny)
+    saved = out / "results.json"
+    if args.only and saved.exists():  # a partial run updates its figures in the last full results
+        previous = json.loads(saved.read_text())
+        if previous.get("size") == results["size"]:
+            previous["figures"].update(results["figures"])
+            previous.setdefault("updated", {}).update({k: results["generated"] for k in results["figures"]})
+            results = previous
+    saved.write_text(json.dumps(results, indent=2) + "\n")
+    write_report(results, out, readme=not args.no_readme and not args.tiny)
     broken = [k for k, f in results["figures"].items() if f["status"] == FAILED or bench_roundtrip.has_failures(f)]
-    log(f"done in {results['elapsed_s']} s; results in {out}" + (f"; FAILED: {', '.join(broken)}" if broken else ""))
+    took = round(time.perf_counter() - started, 1)
+    log(f"done in {took} s; results in {out}" + (f"; FAILED: {', '.join(broken)}" if broken else ""))
     return 1 if broken else 0
 
 
