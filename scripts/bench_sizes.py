@@ -29,7 +29,7 @@ class Sizes:
         return max(1, min(self.max_block, int(self.block_s / max(per_call_s, 1e-9))))
 
 
-FULL = Sizes(rounds=16, block_s=0.12, max_block=200, path_rounds=6, path_block_s=0.2, microbench_repeat=60,
+FULL = Sizes(rounds=16, block_s=0.12, max_block=200, path_rounds=10, path_block_s=0.12, microbench_repeat=60,
              crash_rounds=20, kernel_restarts=3, hung_calls=30, hung_timeout_s=0.2, pool_workers=(1, 2, 4, 8, 16),
              pool_controllers=(1, 4, 8), pool_window_s=0.4, pool_warmup_s=0.15, memory_calls=300)
 
