@@ -462,18 +462,30 @@ def inherited_descriptors() -> list[str]:
 
 
 @tool
-def make_setuid_file() -> list[str]:
-    """Make a set-user-ID and a set-group-ID file in its scratch directory (chmod, and open with a mode)."""
+def make_setuid_file(directory: str) -> list[str]:
+    """Make a set-user-ID and a set-group-ID file in ``directory`` (chmod, and open with a mode)."""
+    path = os.path.join(directory, "setid")
+
     def chmod(mode: int) -> str:
-        with open("/tmp/setid", "w") as f:
+        with open(path, "w") as f:
             f.write("#!/bin/sh\n")
-        os.chmod("/tmp/setid", mode)
+        os.chmod(path, mode)
         return f"chmod {mode:o}"
 
     def create(mode: int) -> str:
-        os.close(os.open(f"/tmp/setid-{mode:o}", os.O_CREAT | os.O_WRONLY, mode))
-        return f"{oct(os.stat(f'/tmp/setid-{mode:o}').st_mode)}"
+        os.close(os.open(f"{path}-{mode:o}", os.O_CREAT | os.O_WRONLY, mode))
+        return f"{oct(os.stat(f'{path}-{mode:o}').st_mode)}"
     return [_attempt(chmod, 0o4755), _attempt(chmod, 0o2755), _attempt(create, 0o4755)]
+
+
+@tool
+def make_special(directory: str) -> list[str]:
+    """Make a FIFO and a UNIX socket in ``directory``."""
+    def socket_file() -> str:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(os.path.join(directory, "rendezvous.sock"))
+        return "bound a socket"
+    return [_attempt(os.mkfifo, os.path.join(directory, "fifo")), _attempt(socket_file)]
 
 
 @tool
@@ -561,6 +573,7 @@ class Attempt:
     judge: Callable[[Any], bool] = _denied
     error_kind: str | None = None  # the call itself must fail with this kind
     host_check: Callable[[Context], str | None] | None = None  # after the call: what it left, or None
+    mode: str = "any"  # "ro" or "rw": only against a read-only workspace, or only with --workspace-rw
 
 
 def _targets(c: Context) -> dict[str, Any]:
@@ -586,7 +599,15 @@ ATTEMPTS: tuple[Attempt, ...] = (
             lambda c: {"name": f"ciayn-selfcheck-{c.token}", "mb": 1}, lambda o: True,
             host_check=lambda c: _shm_left(c.token)),
     Attempt("filesystem", "write to the workspace (read-only)", "EROFS/EACCES", "write_file",
-            lambda c: {"path": os.path.join(c.workspace, "escaped.txt")}),
+            lambda c: {"path": os.path.join(c.workspace, "escaped.txt")}, mode="ro"),
+    Attempt("filesystem", "write to the workspace (--workspace-rw), as its owner", "written, the owner's",
+            "write_file", lambda c: {"path": os.path.join(c.workspace, "written.txt")},
+            lambda o: isinstance(o, str) and o.startswith("ALLOWED: 'wrote"), mode="rw",
+            host_check=lambda c: _not_owners(c.workspace, "written.txt")),
+    Attempt("landlock, seccomp", "leave a FIFO or socket in the workspace (--workspace-rw)", "EPERM/EACCES",
+            "make_special", lambda c: {"directory": c.workspace}, _errno_in("EPERM", "EACCES"), mode="rw"),
+    Attempt("seccomp", "leave a set-user-ID file in the workspace (--workspace-rw)", "EPERM", "make_setuid_file",
+            lambda c: {"directory": c.workspace}, _errno_in("EPERM"), mode="rw"),
     Attempt("filesystem, landlock", "write outside scratch (/etc, /usr, /)", "EROFS/EACCES", "write_file",
             lambda c: {"path": "/etc/ciayn-escaped"}),
     Attempt("capabilities", "raise hard rlimits (or soft up to hard)", "EPERM", "raise_rlimits", lambda c: {}),
@@ -596,7 +617,7 @@ ATTEMPTS: tuple[Attempt, ...] = (
             lambda c: {"paths": ["/root/.ssh", "/root/.ssh/id_rsa", "/home"]},
             lambda o: all(x.startswith("denied") or x.startswith("ALLOWED: 'listed /home: []") for x in o)),
     Attempt("identity", "read a root-only file in the workspace", "EACCES", "read_file",
-            lambda c: {"paths": [os.path.join(c.workspace, "root-only.txt")]}, _errno_in("EACCES")),
+            lambda c: {"paths": [os.path.join(c.workspace, "root-only.txt")]}, _errno_in("EACCES"), mode="ro"),
     Attempt("env allowlist", "read an environment secret not passed with --pass-env", "not found",
             "find_secret", lambda c: {"digest": hashlib.sha256(c.secret.encode()).hexdigest()}, lambda o: o == []),
     Attempt("net-ns, landlock", "exfiltrate over loopback TCP to the host", "ENETUNREACH/EACCES", "tcp_connect",
@@ -629,8 +650,8 @@ ATTEMPTS: tuple[Attempt, ...] = (
     Attempt("seccomp", "call the denied system calls", "all EPERM", "forbidden_syscalls", lambda c: {},
             lambda o: o == []),
     Attempt("seccomp", "open netlink, packet and raw sockets", "EPERM", "special_sockets", lambda c: {}),
-    Attempt("seccomp", "make a set-user-ID or set-group-ID file", "EPERM", "make_setuid_file", lambda c: {},
-            _errno_in("EPERM")),
+    Attempt("seccomp", "make a set-user-ID or set-group-ID file", "EPERM", "make_setuid_file",
+            lambda c: {"directory": "/tmp"}, _errno_in("EPERM")),
     Attempt("pid-ns", "see other processes", "only itself (pid 1)", "see_processes", lambda c: {},
             lambda o: o == [1]),
     Attempt("capabilities, no-new-privs, seccomp", "hold privileges", "uid != 0, no capabilities, nnp, seccomp",
@@ -654,6 +675,15 @@ def _executor_gone(c: Context) -> str | None:
         except ProcessLookupError:
             dead.append(what)
     return f"KILLED on the host: {', '.join(dead)}" if dead else None
+
+
+def _not_owners(workspace: str, name: str) -> str | None:
+    """What is wrong with ``name``, written in the workspace by a tool: it must be the workspace owner's."""
+    try:
+        owner, got = os.stat(workspace).st_uid, os.stat(os.path.join(workspace, name)).st_uid
+    except OSError as e:
+        return f"NOT WRITTEN: {e}"
+    return None if got == owner else f"owned by uid {got} on the host, not by the workspace's owner ({owner})"
 
 
 def _shm_left(token: str) -> str | None:
@@ -744,15 +774,18 @@ class Target:
     exit the executor is stopped and ``host_rows`` says what it left on the host."""
 
     def __init__(self, workers: int = 3, quiet: bool = True, extra: tuple[str, ...] = (),
-                 workspace_owner: int | None = None) -> None:
+                 workspace_owner: int | None = None, parent: str | None = None) -> None:
         self.workers, self.quiet, self.extra, self.owner = workers, quiet, extra, workspace_owner
+        self.parent = parent or ("/var/tmp" if os.path.isdir("/var/tmp") else None)
         self.host_rows: list[Row] = []
 
     def __enter__(self) -> Target:
         import psutil
 
         self.before = _host_state()
-        self.top = tempfile.mkdtemp(prefix="ciayn-selfcheck-")
+        # Not under /tmp: Landlock rights go down a path, so a workspace under the sandbox's /tmp would
+        # get /tmp's (sockets may be made there); a workspace is rarely under /tmp in CI.
+        self.top = tempfile.mkdtemp(prefix="ciayn-selfcheck-", dir=self.parent)
         workspace = os.path.join(self.top, "workspace")
         os.mkdir(workspace)
         os.chmod(self.top, 0o755)
@@ -835,11 +868,17 @@ class Target:
         shutil.rmtree(self.top, ignore_errors=True)
 
 
-def run(quiet: bool = True) -> list[Row]:
+def attempts(workspace_rw: bool = False) -> list[Attempt]:
+    """The attempts for a read-only workspace, or for ``--workspace-rw``."""
+    skip = "ro" if workspace_rw else "rw"
+    return [a for a in ATTEMPTS if a.mode != skip]
+
+
+def run(quiet: bool = True, workspace_rw: bool = False) -> list[Row]:
     """Start a hardened executor serving the attempts, run every attempt, stop it, and check the
     host. Returns one row per attempt, then the host checks."""
-    with Target(quiet=quiet) as target:
-        rows = [target.attempt(a) for a in ATTEMPTS]
+    with Target(quiet=quiet, extra=("--workspace-rw",) if workspace_rw else ()) as target:
+        rows = [target.attempt(a) for a in attempts(workspace_rw)]
     return rows + target.host_rows
 
 
@@ -916,7 +955,7 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main(as_json: bool = False, quiet: bool = True) -> int:
+def main(as_json: bool = False, quiet: bool = True, workspace_rw: bool = False) -> int:
     """``ciayn-executor selfcheck``: 0 only when every attempt was denied; 2 when the machine
     lacks layers (named)."""
     from executor.hardening import probe_all
@@ -930,7 +969,7 @@ def main(as_json: bool = False, quiet: bool = True) -> int:
             print(f"ciayn-executor selfcheck: this machine cannot give these layers: {text}", file=sys.stderr)
         return 2
     try:
-        rows = run(quiet=quiet)
+        rows = run(quiet=quiet, workspace_rw=workspace_rw)
     except RuntimeError as e:
         print(f"ciayn-executor selfcheck: {e}", file=sys.stderr)
         return 1
@@ -982,7 +1021,7 @@ def start_hardened(args: Any) -> int:
             return 1
         _loud(f"DEGRADED: serving without these layers: {named}")
     if not args.skip_selfcheck:
-        rows = run()
+        rows = run(workspace_rw=args.workspace_rw)
         failed = [r for r in rows if not r.ok]
         if failed:
             text = "\n".join(f"  {r.layer}: {r.attempt}: {r.observed}" for r in failed)

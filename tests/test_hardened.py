@@ -43,7 +43,7 @@ def target() -> Iterator[selfcheck.Target]:
         yield t
 
 
-@pytest.mark.parametrize("attempt", selfcheck.ATTEMPTS, ids=[a.tool + ":" + a.name for a in selfcheck.ATTEMPTS])
+@pytest.mark.parametrize("attempt", selfcheck.attempts(), ids=[a.tool + ":" + a.name for a in selfcheck.attempts()])
 def test_escape_is_denied(target: selfcheck.Target, attempt: selfcheck.Attempt) -> None:
     row = target.attempt(attempt)
     assert row.ok, f"{attempt.layer}: {attempt.name}: expected {attempt.expected}, observed {row.observed}"
@@ -68,24 +68,37 @@ def test_selfcheck_command_exits_zero_with_json_rows() -> None:
     report = json.loads(proc.stdout)
     failed = [r for r in report["rows"] if not r["ok"]]
     assert proc.returncode == 0 and report["ok"], failed
-    assert len(report["rows"]) == len(selfcheck.ATTEMPTS) + 4
+    assert len(report["rows"]) == len(selfcheck.attempts()) + 4
     assert {"layer", "attempt", "expected", "observed", "ok"} <= set(report["rows"][0])
 
 
-def test_workspace_rw_lets_tools_write_the_workspace_as_its_owner_but_nothing_else() -> None:
+@pytest.mark.parametrize("attempt", selfcheck.attempts(workspace_rw=True),
+                         ids=[a.tool + ":" + a.name for a in selfcheck.attempts(workspace_rw=True)])
+def test_with_workspace_rw_only_the_workspace_is_written_as_its_owner(rw_target: selfcheck.Target,
+                                                                     attempt: selfcheck.Attempt) -> None:
     """With --workspace-rw the tools act as the workspace's owner in it (an idmapped mount): what
-    they write there belongs to that owner (root here), not to nobody; everything else holds."""
+    they write there belongs to that owner (root here), not to nobody; they leave no set-ID file,
+    FIFO or socket there; everything else holds as with a read-only workspace."""
+    row = rw_target.attempt(attempt)
+    assert row.ok, f"{attempt.layer}: {attempt.name}: expected {attempt.expected}, observed {row.observed}"
+
+
+def test_a_workspace_under_tmp_is_shown_on_top_of_the_private_tmp() -> None:
+    """A workspace under the host's /tmp is bound into each worker after its own /tmp is mounted
+    (read-only, or with --workspace-rw through the idmapped mount the template staged)."""
+    for extra, written in (((), False), (("--workspace-rw",), True)):
+        with selfcheck.Target(workers=2, extra=extra, parent="/tmp") as t:
+            row = t.attempt(next(a for a in selfcheck.ATTEMPTS if a.tool == "write_file" and a.mode != "any"
+                                 and a.mode == ("rw" if written else "ro")))
+            assert row.ok, (extra, row.observed)
+            assert t.attempt(next(a for a in selfcheck.ATTEMPTS if a.name.startswith("write outside"))).ok
+        assert all(r.ok for r in t.host_rows), t.host_rows
+
+
+@pytest.fixture(scope="module")
+def rw_target() -> Iterator[selfcheck.Target]:
     with selfcheck.Target(workers=2, extra=("--workspace-rw",)) as t:
-        write = next(a for a in selfcheck.ATTEMPTS if a.name.startswith("write to the workspace"))
-        row = t.attempt(write)
-        assert row.observed.startswith('"ALLOWED: \'wrote'), row.observed
-        written = Path(t.ctx.workspace) / "escaped.txt"
-        assert written.read_text() == "escaped" and written.stat().st_uid == 0
-        for name in ("write outside scratch", "connect to the executor's socket", "write /proc/sys",
-                     "hold privileges", "connect to every UNIX socket"):
-            attempt = next(a for a in selfcheck.ATTEMPTS if a.name.startswith(name))
-            row = t.attempt(attempt)
-            assert row.ok, (name, row.observed)
+        yield t
 
 
 # --- the profile from a client's side: run_shell under a scripted model -------------------------
