@@ -127,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--profile", choices=["hardened"], default="hardened", help="the profile to check")
     check.add_argument("--json", action="store_true", help="print the rows as JSON (for CI)")
     check.add_argument("--verbose", action="store_true", help="show the executor's log")
+    check.add_argument("--workspace-rw", action="store_true",
+                       help="check the --workspace-rw variant (the workspace written as its owner)")
     keygen = sub.add_parser("keygen", help="write a CurveZMQ key pair (NAME.key, NAME.key_secret) into DIR",
                             description="Write a CurveZMQ key pair for an executor or a client: DIR/NAME.key is "
                             "the public key (give it to the other side), DIR/NAME.key_secret the secret one "
@@ -214,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "selfcheck":
         from executor import selfcheck
 
-        return selfcheck.main(as_json=args.json, quiet=not args.verbose)
+        return selfcheck.main(as_json=args.json, quiet=not args.verbose, workspace_rw=args.workspace_rw)
     if args.command == "keygen":
         from protocol.curve import CurveError, keygen
 
