@@ -39,7 +39,18 @@ MAX_VALUE_CHARS = 160  # longer lines are not offered as whole-value choices
 _PATH_PARAM = re.compile(r"path|file|dir|folder", re.IGNORECASE)
 _TEXT_PARAM = re.compile(r"content|text|body|data", re.IGNORECASE)
 _FILE_NAME = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.[A-Za-z0-9]{1,8})(?![\w/])")
-_DIR_WORD = re.compile(r"\b([\w.-]+)/?\s+(?:directory|folder|dir)\b|\b(?:directory|folder)\s+([\w./-]+)", re.I)
+# Directory names a task gives in words: "the data directory", "the directory data", "list data".
+_DIR_WORDS = (
+    re.compile(r"\b([\w.-]+)/?\s+(?:directory|folder|dir)\b", re.IGNORECASE),
+    re.compile(r"\b(?:directory|folder)\s+([\w./-]+)", re.IGNORECASE),
+    re.compile(r"\blist\s+(?:the\s+)?([\w./-]+)", re.IGNORECASE),
+)
+_NOT_NAMES = frozenset(
+    (
+        "the", "a", "an", "this", "that", "it", "its", "workspace", "directory", "folder", "files", "entries",
+        "and", "or", "with", "to", "of", "in", "on", "for", "is", "has", "have", "then", "call",
+    )
+)
 _QUOTED = re.compile(r"'([^'\n]{1,160})'|\"([^\"\n]{1,160})\"")
 _COUNT_QUESTION = re.compile(r"\bhow many\b|\bcount\b|\bnumber of\b", re.IGNORECASE)
 _NAME_QUESTION = re.compile(r"\bwhich\b|\bname of\b|\bfile ?name\b", re.IGNORECASE)
@@ -78,6 +89,8 @@ class SeenValues:
     lines: list[str] = field(default_factory=list)
     read: dict[str, str] = field(default_factory=dict)  # files whose text was returned: name -> text
     task_names: list[str] = field(default_factory=list)  # file names the task mentions
+    task_dirs: list[str] = field(default_factory=list)  # directory names it gives in words
+    sizes_of: dict[str, str] = field(default_factory=dict)  # listed path -> its size ("3 entries")
     task_words: frozenset[str] = frozenset()
     answer: str = "any"  # what the task asks for: "count", "name" or "any"
     writes: bool = True  # whether the task asks for writing
@@ -93,11 +106,12 @@ class SeenValues:
             seen.answer = "name"
         seen.writes = bool(_WRITE_WORDS.search(task))
         seen.task_words = frozenset(w.lower() for w in _WORD.findall(task)) - _COMMON
-        names = [m.group(1) for m in _FILE_NAME.finditer(task)]
-        names += [(m.group(1) or m.group(2)).rstrip("/.") for m in _DIR_WORD.finditer(task)]
-        names = [n for n in names if n and n.lower() not in ("the", "a", "this", "that", "workspace")]
-        _add(seen.names, names)
-        seen.task_names = list(dict.fromkeys(m.group(1) for m in _FILE_NAME.finditer(task)))
+        files = [m.group(1) for m in _FILE_NAME.finditer(task)]
+        dirs = [m.group(1).rstrip("/.") for pattern in _DIR_WORDS for m in pattern.finditer(task)]
+        dirs = [d for d in dirs if d and d.lower() not in _NOT_NAMES and d not in files]
+        _add(seen.names, [*files, *dirs])
+        seen.task_names = list(dict.fromkeys(files))
+        seen.task_dirs = list(dict.fromkeys(dirs))
         _add(seen.quoted, [m.group(1) or m.group(2) for m in _QUOTED.finditer(task)])
         return seen
 
@@ -118,7 +132,10 @@ class SeenValues:
         if isinstance(value, list):
             entries = [v for v in value if isinstance(v, str)]
             _add(self.names, [*entries, *(e.rstrip("/") for e in entries if e.endswith("/"))])
-            _add(self.lines, [f"{len(value)} {'entry' if len(value) == 1 else 'entries'}"])
+            size = f"{len(value)} {'entry' if len(value) == 1 else 'entries'}"
+            _add(self.lines, [size])
+            listed = [v for v in [*call.args, *call.kwargs.values()] if isinstance(v, str)] if call else []
+            self.sizes_of[(listed[0] if listed else ".").rstrip("/") or "."] = size
         elif isinstance(value, str):
             lines = value.splitlines()
             _add(self.lines, lines)
@@ -152,12 +169,16 @@ class SeenValues:
         return out or list(specs)
 
     def _sizes(self) -> list[str]:
-        return [line for line in self.lines if _SIZE.match(line)]
+        """The sizes seen; only those of the directories the task names, when it names some and one of
+        them was listed."""
+        named = [self.sizes_of[d] for d in self.task_dirs if d in self.sizes_of]
+        return named or [line for line in self.lines if _SIZE.match(line)]
 
     def answer_ready(self) -> bool:
         """Whether the run has seen what the task asks for (then the completion tool is offered)."""
         if self.answer == "count":
-            return bool(self._sizes())
+            named = [d for d in self.task_dirs if d in self.sizes_of]
+            return bool(named) if self.task_dirs else bool(self._sizes())
         if self.answer == "name":
             wanted = set(self.task_names) if len(self.task_names) > 1 else set()
             return bool(self.read) and wanted <= set(self.read)

@@ -787,5 +787,13 @@ def test_seen_values_follow_what_the_task_asks() -> None:
     assert count._choices("summary", finisher=True) == ["3 entries"]
     assert count._choices("path", finisher=False) == ["data", "a.csv", "b.csv", "c.csv", "."]
 
+    for task in ("List data and report how many files it holds.", "How many entries does the directory data have?"):
+        assert SeenValues.from_task(task).task_dirs == ["data"]
+    listed = SeenValues.from_task("List the data folder and call complete_task with how many entries it has.")
+    listed.add_result(Result(id="4", ok=True, value=["x"] * 7), Call(tool="list_dir", kwargs={"path": "."}))
+    assert not listed.answer_ready()  # the workspace's size is not what was asked
+    listed.add_result(Result(id="5", ok=True, value=["a", "b", "c"]), Call(tool="list_dir", kwargs={"path": "data"}))
+    assert listed.answer_ready() and listed._choices("summary", finisher=True) == ["3 entries"]
+
     write = SeenValues.from_task("Write the text 'hello world' to greeting.txt, then finish.")
     assert write.writes and write._choices("content", finisher=False) == ["hello world"]
