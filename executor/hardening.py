@@ -101,7 +101,7 @@ NR = {
     "uselib": 134, "vhangup": 153, "kcmp": 312, "fanotify_init": 300, "mknod": 133, "mknodat": 259,
     "nfsservctl": 180,
 }
-NR_CLONE, NR_CLONE3, NR_SOCKET, NR_IOCTL = 56, 435, 41, 16
+NR_CLONE, NR_CLONE3, NR_SOCKET, NR_SOCKETPAIR, NR_IOCTL = 56, 435, 41, 53, 16
 NR_LANDLOCK_CREATE_RULESET, NR_LANDLOCK_ADD_RULE, NR_LANDLOCK_RESTRICT_SELF = 444, 445, 446
 DENIED_SYSCALLS = tuple(NR)  # the seccomp deny-list, by name (the selfcheck tries each)
 
@@ -386,7 +386,11 @@ def _apply_landlock(sb: Sandbox) -> None:
 _BPF_LD_ABS, _BPF_JEQ, _BPF_JGE, _BPF_JSET, _BPF_AND, _BPF_RET = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
 SECCOMP_RET_KILL_PROCESS, SECCOMP_RET_ERRNO, SECCOMP_RET_ALLOW = 0x80000000, 0x00050000, 0x7FFF0000
 AUDIT_ARCH_X86_64 = 0xC000003E
-AF_NETLINK, AF_PACKET, SOCK_RAW, SOCK_TYPE_MASK = 16, 17, 3, 0xF
+# Socket families a tool may open: UNIX, IPv4, IPv6 (the network namespace has no route for the
+# last two). Everything else (netlink, packet, vsock: the VM's channel to its host, AF_ALG, ...) EPERM.
+AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
+SOCKET_FAMILIES = (AF_UNIX, AF_INET, AF_INET6)
+SOCK_RAW, SOCK_PACKET, SOCK_TYPE_MASK = 3, 10, 0xF
 TIOCSTI, TIOCLINUX = 0x5412, 0x541C
 # Calls that take a file mode, and which argument holds it: a mode with S_ISUID/S_ISGID is refused.
 # With --workspace-rw the tools act as the workspace's owner (often root) there, and a setuid file
@@ -398,8 +402,8 @@ EPERM, ENOSYS = 1, 38
 
 def seccomp_program() -> bytes:
     """The filter as ``struct sock_filter[]``: wrong architecture kills; x32 calls, the deny-list,
-    namespace flags on ``clone``, netlink/packet/raw sockets, terminal injection and set-ID file
-    modes get EPERM;
+    namespace flags on ``clone``, sockets other than UNIX/IPv4/IPv6 and raw ones, terminal injection
+    and set-ID file modes get EPERM;
     ``clone3`` gets ENOSYS (its flags cannot be inspected; libc falls back to ``clone``)."""
     prog: list[tuple[int, int | str, int | str, int]] = []  # (code, jt, jf, k); str = a label
 
@@ -417,6 +421,7 @@ def seccomp_program() -> bytes:
     op(_BPF_JEQ, NR_CLONE, "clone", 0)
     op(_BPF_JEQ, NR_CLONE3, "enosys", 0)
     op(_BPF_JEQ, NR_SOCKET, "socket", 0)
+    op(_BPF_JEQ, NR_SOCKETPAIR, "socket", 0)
     op(_BPF_JEQ, NR_IOCTL, "ioctl", 0)
     for nr, arg in MODE_ARG.items():
         op(_BPF_JEQ, nr, f"mode{arg}", 0)
@@ -430,13 +435,16 @@ def seccomp_program() -> bytes:
     op(_BPF_LD_ABS, 16)  # args[0], low word: the flags
     op(_BPF_JSET, CLONE_NEW_ANY, "deny", 0)
     op(_BPF_RET, SECCOMP_RET_ALLOW)
-    labels["socket"] = len(prog)
+    labels["socket"] = len(prog)  # socket and socketpair: an allow-list of families
     op(_BPF_LD_ABS, 16)  # domain
-    op(_BPF_JEQ, AF_NETLINK, "deny", 0)
-    op(_BPF_JEQ, AF_PACKET, "deny", 0)
+    for family in SOCKET_FAMILIES:
+        op(_BPF_JEQ, family, "socket_type", 0)
+    op(_BPF_RET, SECCOMP_RET_ERRNO | EPERM)
+    labels["socket_type"] = len(prog)
     op(_BPF_LD_ABS, 24)  # type
     op(_BPF_AND, SOCK_TYPE_MASK)
     op(_BPF_JEQ, SOCK_RAW, "deny", 0)
+    op(_BPF_JEQ, SOCK_PACKET, "deny", 0)
     op(_BPF_RET, SECCOMP_RET_ALLOW)
     labels["ioctl"] = len(prog)
     op(_BPF_LD_ABS, 24)  # request

@@ -354,9 +354,10 @@ def forbidden_syscalls() -> list[str]:
 
 @tool
 def special_sockets() -> list[str]:
-    """Open netlink, packet and raw sockets."""
+    """Open netlink, packet, raw, vsock (a VM's channel to its host) and AF_ALG sockets (no connect)."""
     kinds = [(socket.AF_NETLINK, socket.SOCK_RAW, 0), (socket.AF_PACKET, socket.SOCK_RAW, 0),
-             (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)]
+             (socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP), (40, socket.SOCK_STREAM, 0),
+             (38, socket.SOCK_SEQPACKET, 0), (socket.AF_NETLINK, socket.SOCK_DGRAM, 0)]
     def open_socket(kind: tuple[int, int, int]) -> str:
         socket.socket(*kind).close()
         return f"opened socket{kind}"
@@ -649,7 +650,8 @@ ATTEMPTS: tuple[Attempt, ...] = (
             "inherited_descriptors", lambda c: {}, lambda o: len(o) == 1 and "socket:" in o[0]),
     Attempt("seccomp", "call the denied system calls", "all EPERM", "forbidden_syscalls", lambda c: {},
             lambda o: o == []),
-    Attempt("seccomp", "open netlink, packet and raw sockets", "EPERM", "special_sockets", lambda c: {}),
+    Attempt("seccomp", "open netlink, packet, raw, vsock and AF_ALG sockets", "EPERM", "special_sockets",
+            lambda c: {}, _errno_in("EPERM")),
     Attempt("seccomp", "make a set-user-ID or set-group-ID file", "EPERM", "make_setuid_file",
             lambda c: {"directory": "/tmp"}, _errno_in("EPERM")),
     Attempt("pid-ns", "see other processes", "only itself (pid 1)", "see_processes", lambda c: {},
