@@ -83,7 +83,7 @@ def figure_makers(features: Features, sizes: Sizes, tmp: str, out: Path) -> dict
         "timeout_precision": lambda: bench_faults.run_timeouts(sizes),
         "pool_scaling": lambda: bench_pool.run(features, sizes),
         "memory": lambda: bench_memory.run(sizes.memory_calls),
-        "hardened_layers": lambda: bench_layers.run(features, sizes),
+        "hardened_layers": lambda: bench_layers.run(features, sizes, tiny=sizes is TINY),
         "broker_pool": lambda: broker_pool(features, tmp, sizes is TINY),
     }
 

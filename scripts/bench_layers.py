@@ -13,10 +13,10 @@ from typing import Any
 from bench_contestants import Dealer
 from bench_executors import SHARED, direct
 from bench_features import Features
-from bench_record import log, measured, not_built, summarize
+from bench_record import MEASURED, failed, log, measured, not_built, summarize
 from bench_sizes import Sizes
 
-TITLE = "Cost of the hardened profile and of its control-group layer"
+TITLE = "Cost of the hardened profile and of each of its layers"
 FLAVOURS: dict[str, tuple[str, list[str]]] = {
     "default": ("default", []),
     "default --no-cgroups": ("default", ["--no-cgroups"]),
@@ -24,7 +24,26 @@ FLAVOURS: dict[str, tuple[str, list[str]]] = {
 }
 
 
-def run(features: Features, sizes: Sizes) -> dict[str, Any]:
+def per_layer(tiny: bool) -> dict[str, Any]:
+    """Each layer's own cost, from the hardened profile's benchmark (scripts/bench_hardened.py, issue
+    11), which times the layers inside a worker as it is prepared. Skipped at the tiny size: its
+    executors start with a selfcheck that takes seconds, and it is that script's own code path."""
+    if tiny:
+        return {"status": "skipped at the tiny size (scripts/bench_hardened.py is run by full runs)"}
+    try:
+        import bench_hardened
+    except ImportError as e:
+        return not_built(f"scripts/bench_hardened.py cannot be imported ({e})")
+    try:
+        figures = bench_hardened.bench(calls=40, seconds=2.0, rounds=10)
+    except Exception as e:
+        return failed(e)
+    prep = figures.get("preparation", {})
+    return {"status": MEASURED, "layers_ms": prep.get("layers_ms"), "prepare_hardened_ms": prep.get("hardened_ms"),
+            "prepare_default_ms": prep.get("default_ms"), "bench_hardened": figures}
+
+
+def run(features: Features, sizes: Sizes, tiny: bool = False) -> dict[str, Any]:
     if not features.hardened:
         return not_built(features.missing("hardened"), title=TITLE)
     times: dict[str, list[float]] = {name: [] for name in FLAVOURS}
@@ -53,8 +72,10 @@ def run(features: Features, sizes: Sizes) -> dict[str, Any]:
             return round(float(latency[a]["p50"]) - float(latency[b]["p50"]), 1)
         return None
 
+    log("hardened layers: scripts/bench_hardened.py" + (" (skipped at the tiny size)" if tiny else ""))
     return measured(
         title=TITLE,
+        entries={"per_layer": per_layer(tiny)},
         latency=latency,
         could_not_start=failures,
         cost_us={
@@ -62,5 +83,6 @@ def run(features: Features, sizes: Sizes) -> dict[str, Any]:
             "cgroups layer, default profile (p50)": diff("default", "default --no-cgroups"),
         },
         not_separable="namespaces (pid, mount, net), another uid, dropped capabilities, seccomp, Landlock and the "
-                      "read-only mounts have no switch of their own, so their costs are not measured one by one",
+                      "read-only mounts have no switch of their own; entries.per_layer has their costs as "
+                      "scripts/bench_hardened.py times them inside a worker being prepared",
     )
