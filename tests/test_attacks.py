@@ -266,8 +266,6 @@ def test_a_tool_cannot_take_over_the_workers_forked_for_later_calls(
 def test_stopping_the_workers_forked_for_later_calls_costs_no_later_call(
     make_client: Callable[..., ExecutorClient],
 ) -> None:
-    # (A call whose own limit is shorter than the time the executor gives a worker to start it still pays:
-    # its deadline comes first. With the default limit it must not.)
     client = make_client(tools=[ATTACKS], timeout=TIMEOUT, workers=2)
     stopped = client.call(Call(tool="stop_next_workers"))
     assert stopped.ok and stopped.value, stopped  # the premise: there were workers forked ahead to stop
