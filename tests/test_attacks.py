@@ -471,6 +471,11 @@ def test_a_worker_stuck_in_uninterruptible_sleep_is_answered_on_time_and_abandon
     thaw(freezer)
     wait_until("the abandoned worker to die once thawed", lambda: not _alive(stuck), timeout=5)
     held(executor)
+    if CgroupSupport.detect() is not None:  # the abandoned worker's group goes once it is empty
+        assert executor.client is not None and executor.client.welcome is not None
+        executor_id = executor.client.welcome.executor
+        wait_until("the abandoned worker's groups to be removed",
+                   lambda: groups_match_live_workers(executor, executor_id, 1), timeout=5)
 
 
 def test_a_child_left_in_uninterruptible_sleep_does_not_wedge_the_executor(
@@ -752,32 +757,35 @@ def _group_names(pid: int) -> set[str]:
     return {line.rsplit("/", 1)[-1] for line in lines if "/ciayn-" in line}
 
 
-def test_exactly_one_group_per_live_worker_after_crashes(make_client: Callable[..., ExecutorClient]) -> None:
+def groups_match_live_workers(local: LocalExecutor, executor_id: str, workers: int) -> bool:
+    """Whether the executor has ``workers`` live workers, each in exactly one group (per hierarchy),
+    and no other group of this executor exists (none left by dead workers)."""
     support = CgroupSupport.detect()
-    require_layer(support is not None, "needs root and mounted cgroup hierarchies (memory/pids)")
-    assert support is not None
+    assert support is not None and local.proc is not None
+    parents = {p for p in (support.memory_parent, support.pids_parent, support.kill_parent) if p is not None}
+    supervisor = local.proc.pid
+    live = [p.pid for p in psutil.Process(supervisor).children(recursive=True)
+            if p.ppid() != supervisor and _alive(p.pid)]
+    held_by_workers = [_group_names(pid) for pid in live]
+    existing = {g.name for parent in parents for g in parent.glob(f"ciayn-{executor_id}-*")}
+    return (len(live) == workers and all(len(names) == 1 for names in held_by_workers)
+            and existing == set().union(*held_by_workers))
+
+
+def test_exactly_one_group_per_live_worker_after_crashes(make_client: Callable[..., ExecutorClient]) -> None:
+    require_layer(CgroupSupport.detect() is not None, "needs root and mounted cgroup hierarchies (memory/pids)")
     client = make_client(tools=[ATTACKS], workers=2, timeout=TIMEOUT, memory_mb=200)
     local: LocalExecutor = client.local  # type: ignore[attr-defined]
-    assert client.welcome is not None and local.proc is not None
-    prefix = f"ciayn-{client.welcome.executor}-"
-    parents = {p for p in (support.memory_parent, support.pids_parent, support.kill_parent) if p is not None}
+    assert client.welcome is not None
     crashes: list[tuple[str, dict[str, Any], str]] = [
         ("die", {"signum": 9}, "crashed"), ("die", {"signum": 11}, "crashed"),
         ("allocate", {"mb": 400}, "memory"), ("nap", {"seconds": 30.0}, "timeout")]
     for tool_name, kwargs, kind in crashes * 2:
         r = client.call(Call(tool=tool_name, kwargs=kwargs, timeout=0.5 if kind == "timeout" else None))
         assert r.error is not None and r.error.kind == kind, r
-
-    def one_group_per_worker() -> bool:
-        workers = [p.pid for p in psutil.Process(local.proc.pid).children(recursive=True)  # type: ignore[union-attr]
-                   if p.ppid() != local.proc.pid]  # type: ignore[union-attr]
-        held_by_workers = [_group_names(pid) for pid in workers]
-        existing = {g.name for parent in parents for g in parent.glob(f"{prefix}*")}
-        return (len(workers) == 2 and all(len(names) == 1 for names in held_by_workers)
-                and existing == set().union(*held_by_workers))
-
-    wait_until("exactly one group per live worker, and no other group of this executor", one_group_per_worker,
-               timeout=5)
+    executor_id = client.welcome.executor
+    wait_until("exactly one group per live worker, and no other group of this executor",
+               lambda: groups_match_live_workers(local, executor_id, 2), timeout=5)
     wire = Wire(local.endpoint)  # two workers: held()'s one-worker tree check does not apply
     try:
         wire.ping(within=1.0)
