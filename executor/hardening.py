@@ -819,11 +819,15 @@ def _under(path: str, parent: str) -> bool:
 
 def _view_roots(workspace: str, hide: tuple[str, ...]) -> list[str]:
     """The host directories a worker sees (read-only unless it is the writable workspace): system
-    files, the interpreter and venv, every directory tool modules were imported from, the
-    workspace. Nested ones are dropped (their parent shows them)."""
-    wanted = {"/usr", "/etc", sys.base_prefix, sys.prefix, sys.exec_prefix, workspace}
+    files, the interpreter and venv (and the ``sys.path`` entries inside them), every directory a
+    module was imported from, the workspace. Not ``sys.path`` as such: ``python -m`` puts the
+    working directory there, often a home directory. Nested ones are dropped (their parent shows
+    them)."""
+    prefixes = {sys.base_prefix, sys.prefix, sys.exec_prefix}
+    wanted = {"/usr", "/etc", workspace, *prefixes}
     for entry in sys.path:
-        if entry and os.path.isdir(entry):
+        if entry and os.path.isdir(entry) and any(_under(os.path.realpath(entry), os.path.realpath(p))
+                                                  for p in prefixes):
             wanted.add(entry)
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)

@@ -11,6 +11,7 @@ import dataclasses
 import inspect
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -410,3 +411,38 @@ def test_workspace_rw_refuses_a_workspace_that_cannot_be_idmapped(capsys: pytest
     assert hardening.check_idmap(tempfile.mkdtemp()) is None  # ext4 here: fine
     assert selfcheck.start_hardened(_serve_args(workspace="/sys/kernel", workspace_rw=True)) == 1
     assert "idmapped mount" in capsys.readouterr().err
+
+
+def test_the_directory_the_executor_was_started_from_is_not_in_the_view(tmp_path: Path) -> None:
+    """``python -m`` puts the working directory on ``sys.path`` (often a home directory): a file
+    there must stay out of the workers' view; the workspace and the tool modules' directory are in it."""
+    home = Path(tempfile.mkdtemp(prefix="ciayn-home-", dir="/var/tmp"))
+    try:
+        home.chmod(0o755)
+        (home / "secret.txt").write_text("sk-home")
+        workspace = home / "ws"
+        workspace.mkdir(mode=0o755)
+        sockdir = Path(tempfile.mkdtemp())
+        endpoint = f"ipc://{sockdir}/executor.sock"
+        proc = subprocess.Popen([sys.executable, "-m", "executor.cli", "serve", "--profile", "hardened",
+                                 "--skip-selfcheck", "--tools", TOOLS, "--bind", endpoint, "--workspace",
+                                 str(workspace), "--parent-pid", str(os.getpid()), "--log-level", "warning"],
+                                cwd=home, env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+        client = None
+        try:
+            deadline = time.monotonic() + 30
+            while not (sockdir / "executor.sock").exists():
+                assert proc.poll() is None and time.monotonic() < deadline, "the executor did not start"
+                time.sleep(0.02)
+            client = selfcheck._Client(endpoint)
+            seen = client.call("sh", {"command": f"cat {home}/secret.txt; ls -d {workspace} {Path(TOOLS).parent}"})
+            assert seen.ok, seen.error
+            assert "sk-home" not in seen.value["stdout"] and "No such file" in seen.value["stderr"], seen.value
+            assert str(workspace) in seen.value["stdout"] and str(Path(TOOLS).parent) in seen.value["stdout"]
+        finally:
+            if client is not None:
+                client.close()
+            proc.terminate()
+            proc.wait(10)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
