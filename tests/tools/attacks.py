@@ -673,3 +673,21 @@ def spin_ignoring_sigxcpu() -> None:
     signal.signal(signal.SIGXCPU, signal.SIG_IGN)
     while True:
         pass
+
+
+@tool
+def kill_supervisor(pid_file: str = "") -> int:
+    """SIGKILL the supervisor (the template's parent: any process of the same user may). With
+    ``pid_file``, first start a ``CLONE_PARENT`` child (a child of the template) and write its pid
+    there: when the template dies with the supervisor, nothing is left to kill it."""
+    if pid_file:
+        r, w = os.pipe()
+        _clone_level(1, w)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            pid = f.read().decode().split(":")[0]
+        with open(pid_file, "w") as f:
+            f.write(pid)
+    supervisor = _parent_of(os.getppid())
+    os.kill(supervisor, signal.SIGKILL)
+    return supervisor
