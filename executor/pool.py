@@ -56,6 +56,7 @@ EXIT_STATUS_WAIT = 2.0  # after a worker's channel closes, how long to wait for 
 KILL_GRACE = 1.0  # after SIGKILL, how long a call waits for its worker's exit before it is answered anyway
 TEMPLATE_FRAME_LIMIT = 64 * 1024  # the template's messages after start-up are tiny (Spawned, Exited)
 TEMPLATE_READ_TIMEOUT = 0.5  # a message begun on its channel must be complete within this
+SWEEP_INTERVAL = 0.2  # reused workers: the template kills stray children at most this often (it costs a /proc read)
 REPLACE_WAIT = 0.25  # how long replacing a template waits for the old one's tree to die
 START_TIMEOUT = 2.0  # a worker that does not say it started a call this long after getting it is replaced
 RETIRE_GRACE = 2.0  # a worker that answered its one call must exit within this, or it is killed
@@ -129,6 +130,8 @@ class WorkerPool:
         self.poller: zmq.Poller | None = None
         self.fd_owner: dict[int, tuple[Slot, str]] = {}
         self.spin_until = 0.0
+        self.sweep_due = False  # reused workers: the template should kill its stray children soon
+        self.swept_at = 0.0
         self.failed = False  # no template could be made: the executor cannot go on
         self.stopping = False
 
@@ -282,6 +285,8 @@ class WorkerPool:
             wait = min(wait, asked + TEMPLATE_ANSWER_TIMEOUT - now)
         for answered in self.retiring.values():
             wait = min(wait, answered + RETIRE_GRACE - now)
+        if self.sweep_due:
+            wait = min(wait, self.swept_at + SWEEP_INTERVAL - now)
         return wait
 
     def handle(self, events: dict[Any, int]) -> None:
@@ -351,6 +356,10 @@ class WorkerPool:
                 break  # the template is gone; its channel's EOF replaces it
 
     def check_deadlines(self, now: float) -> None:
+        if self.sweep_due and now >= self.swept_at + SWEEP_INTERVAL and self.template is not None:
+            self.sweep_due, self.swept_at = False, now
+            with contextlib.suppress(OSError):
+                framing.send(self.template, Sweep().to_wire())
         for slot in list(self.slots.values()):
             job = slot.job
             if job is not None and not slot.killed and not slot.started and now >= slot.start_by:
@@ -525,9 +534,8 @@ class WorkerPool:
             if not slot.closed_at:
                 slot.closed_at = time.monotonic()
         self.dispatch()
-        if self.config.reuse and not closed and self.template is not None:
-            with contextlib.suppress(OSError):  # processes a call started with CLONE_PARENT went to the template
-                framing.send(self.template, Sweep().to_wire())
+        if self.config.reuse:
+            self.sweep_due = True  # processes a call started with CLONE_PARENT went to the template
 
     def _malformed(self, slot: Slot, problem: Exception, kind: str = "crashed") -> None:
         """The worker's channel carried something our worker code never sends: tool code wrote on
