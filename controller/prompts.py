@@ -328,10 +328,6 @@ def render_value(result: Result) -> str:
     return "\n".join(parts)
 
 
-def _seconds(value: float) -> str:
-    return f"{value:.3g}"
-
-
 def _size(value: Any) -> str:
     """How many entries a list has, or lines a text: counted here, since small models cannot count."""
     if isinstance(value, list):
@@ -349,8 +345,10 @@ def describe_failure(result: Result) -> str:
     limits = result.limits
     detail = True
     if kind == "timeout":
-        seconds = limits.timeout_s if limits else (result.stats.wall_s if result.stats else None)
-        text = f"the tool timed out after {_seconds(seconds)} s" if seconds else "the tool timed out"
+        # How long it ran, when measured (a queued call's limits.timeout_s is only what was left of it).
+        stats = result.stats
+        seconds = stats.wall_s if stats and stats.wall_s else (limits.timeout_s if limits else None)
+        text = f"the tool timed out after {seconds:.2g} s" if seconds else "the tool timed out"
         detail = False
     elif kind == "crashed":
         text = "the tool crashed"
