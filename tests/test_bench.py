@@ -125,3 +125,13 @@ def test_charts_and_table_are_written(tiny_run: tuple[Path, dict[str, Any], str]
             assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"no chart for {key}"
             assert f"]({key}.png)" in table, f"the table does not embed the {key} chart"
         assert figure["title"] in table, f"the table does not mention {key}"
+
+
+def test_the_fresh_worker_benchmark_records_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "fresh.json"
+    subprocess.run([sys.executable, "scripts/bench_fresh.py", "--quick", "--out", str(out)],
+                   cwd=Path(__file__).resolve().parent.parent, check=True, capture_output=True, timeout=240)
+    fresh = json.loads(out.read_text())
+    for figure in ("low_load_p50_us", "back_to_back_p50_us", "throughput_calls_per_s", "supervisor_rss_mb"):
+        assert set(fresh[figure]) == {"fresh", "reuse_workers"} and all(v > 0 for v in fresh[figure].values())
+    assert set(fresh["targets"]) == {"fresh_vs_reuse_low_load_p50", "fresh_throughput"}

@@ -1,0 +1,124 @@
+"""What a fresh worker per call costs (issue 9), side by side with --reuse-workers in one run.
+
+    .venv/bin/python scripts/bench_fresh.py [--quick]      writes bench-results/fresh.json
+
+Three figures, fresh workers (the default) against --reuse-workers, measured in interleaved rounds:
+
+- p50 of a no-op call at low load: one call at a time with a pause between calls (an agent thinks
+  between tool calls), so the worker forked ahead is ready when the call comes;
+- p50 of back-to-back calls (the next call sent as soon as the last was answered): then a call may
+  wait for the replacement worker to be forked;
+- sustained throughput: many calls in flight against --workers 2;
+
+and the supervisor's RSS after it all. ``run()`` is importable (the combined ``scripts/bench`` may
+call it); targets: low-load p50 within 1.2x of --reuse-workers, at least 200 calls/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import wait
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from controller import ExecutorClient, LocalExecutor  # noqa: E402
+from protocol import Call  # noqa: E402
+
+TOOLS = str(ROOT / "tests" / "tools" / "faulty.py")
+PAUSE_S = 0.02  # between calls at low load
+
+
+def _p50_us(samples: list[float]) -> float:
+    return round(statistics.median(samples) * 1e6, 1)
+
+
+def _timed(client: ExecutorClient, n: int, pause: float) -> list[float]:
+    out = []
+    for _ in range(n):
+        if pause:
+            time.sleep(pause)
+        t = time.perf_counter()
+        r = client.call(Call(tool="noop"))
+        out.append(time.perf_counter() - t)
+        if not r.ok:
+            raise RuntimeError(f"a no-op call failed: {r.error}")
+    return out
+
+
+def _throughput(client: ExecutorClient, total: int, in_flight: int = 100) -> float:
+    t = time.perf_counter()
+    done = 0
+    while done < total:
+        batch = [client.submit(Call(tool="noop")) for _ in range(min(in_flight, total - done))]
+        wait(batch, timeout=120)
+        failed = [f.result().error for f in batch if not f.result().ok]
+        if failed:
+            raise RuntimeError(f"{len(failed)} calls failed, e.g. {failed[0]}")
+        done += len(batch)
+    return round(total / (time.perf_counter() - t), 1)
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    rounds, per_round, total = (2, 10, 100) if quick else (6, 40, 2000)
+    modes = {"fresh": {}, "reuse_workers": {"reuse_workers": True}}
+    low: dict[str, list[float]] = {m: [] for m in modes}
+    busy: dict[str, list[float]] = {m: [] for m in modes}
+    throughput: dict[str, float] = {}
+    rss_mb: dict[str, float] = {}
+    locals_ = {"fresh": LocalExecutor(tools=[TOOLS], workers=2, log_level="warning"),
+               "reuse_workers": LocalExecutor(tools=[TOOLS], workers=2, log_level="warning", reuse_workers=True)}
+    with locals_["fresh"] as fresh, locals_["reuse_workers"] as reuse:
+        clients = {"fresh": fresh, "reuse_workers": reuse}
+        for client in clients.values():
+            _timed(client, 10, 0.0)  # warm up
+        for _ in range(rounds):  # interleaved: both modes see the same machine
+            for mode, client in clients.items():
+                low[mode] += _timed(client, per_round, PAUSE_S)
+                busy[mode] += _timed(client, per_round, 0.0)
+        for mode, client in clients.items():
+            throughput[mode] = _throughput(client, total)
+            proc = locals_[mode].proc
+            assert proc is not None
+            rss_mb[mode] = round(psutil.Process(proc.pid).memory_info().rss / 2**20, 1)
+    result = {
+        "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
+                    "load_1min": round(os.getloadavg()[0], 2)},
+        "low_load_p50_us": {m: _p50_us(v) for m, v in low.items()},
+        "back_to_back_p50_us": {m: _p50_us(v) for m, v in busy.items()},
+        "throughput_calls_per_s": throughput,
+        "supervisor_rss_mb": rss_mb,
+        "pause_between_calls_s": PAUSE_S,
+        "samples_per_mode": rounds * per_round,
+    }
+    ratio = result["low_load_p50_us"]["fresh"] / result["low_load_p50_us"]["reuse_workers"]
+    result["targets"] = {
+        "fresh_vs_reuse_low_load_p50": {"value": round(ratio, 2), "at_most": 1.2, "met": ratio <= 1.2},
+        "fresh_throughput": {"value": throughput["fresh"], "at_least": 200, "met": throughput["fresh"] >= 200},
+    }
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a few calls only (the test suite's size)")
+    parser.add_argument("--out", default=str(ROOT / "bench-results" / "fresh.json"))
+    args = parser.parse_args()
+    result = run(quick=args.quick)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
