@@ -239,17 +239,17 @@ class RouterEndpoint:
         abstract ipc, tcp without CurveZMQ. Then refuse a live ipc endpoint (``check_free``)."""
         problem = ""
         if endpoint.startswith("ipc://@"):
-            problem = (f"{endpoint} is an abstract socket: it has no owner or permissions, so any local user can "
-                       "connect to it (and run these tools) or bind it first; use an ipc path in a private directory")
+            problem = ("an abstract socket has no owner or permissions, so any local user can connect to it (and "
+                       "run these tools) or bind it first; use an ipc path in a private directory")
         elif endpoint.startswith("tcp://") and not curve:
-            problem = (f"{endpoint} without CurveZMQ lets anyone who can reach it (on loopback: any local user) run "
-                       "these tools; use --curve-secret and --curve-clients, or an ipc path in a private directory")
+            problem = ("tcp without CurveZMQ lets anyone who can reach it (on loopback: any local user) run these "
+                       "tools; use --curve-secret and --curve-clients, or an ipc path in a private directory")
         elif (path := ipc_path(endpoint)) is not None:
             problem = _private_directory_problem(os.path.dirname(os.path.abspath(path)))
         if problem and not insecure:
             raise EndpointError(f"refusing to serve on {endpoint}: {problem} (or pass --insecure to serve anyway)")
         if problem:
-            log.warning("serving insecurely (--insecure): %s", problem)
+            log.warning("serving insecurely (--insecure) on %s: %s", endpoint, problem)
         cls.check_free(endpoint)
 
     @staticmethod
