@@ -449,10 +449,16 @@ def test_cancel_of_a_queued_call_answers_cancelled_without_running_it(
     assert not log.exists(), "a cancelled queued call must not run"
 
 
-def test_a_call_beyond_the_queue_bound_is_unavailable(make_client: Callable[..., ExecutorClient]) -> None:
+def test_a_call_beyond_the_queue_bound_is_unavailable(
+    make_client: Callable[..., ExecutorClient], tmp_path: Path
+) -> None:
     client = make_client(tools=[FAULTY], workers=1, max_queue=1)
-    assert client.call(Call(tool="noop")).ok  # the worker is up and idle
-    running = client.submit(Call(tool="nap", kwargs={"seconds": 0.5}))
+    started = tmp_path / "started"
+    running = client.submit(Call(tool="append_line", kwargs={"path": str(started), "then_sleep": 0.5}))
+    deadline = time.monotonic() + 10
+    while not started.exists():  # the one worker is busy from here on
+        assert time.monotonic() < deadline, "the first call never started"
+        time.sleep(0.005)
     queued = client.submit(Call(tool="nap", kwargs={"seconds": 0.0}))
     refused = client.submit(Call(tool="noop")).result(timeout=5)
     assert refused.error is not None and refused.error.kind == "unavailable", refused
