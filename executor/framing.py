@@ -11,6 +11,8 @@ from typing import Any
 
 import msgpack
 
+from protocol.codec import unpack
+
 _HEADER = struct.Struct("!I")
 MAX_INTERNAL_FRAME = 128 * 1024 * 1024
 _CHUNK = 1 << 16  # per recv: a larger buffer costs an allocation (an mmap) on every read
@@ -133,6 +135,6 @@ class Reader:
             body = bytes(self.buf[_HEADER.size : _HEADER.size + size])
             del self.buf[: _HEADER.size + size]
             try:
-                frames.append(msgpack.unpackb(body, raw=False))
+                frames.append(unpack(body))  # bounded in work too: tool code shares the writer's process
             except Exception as e:  # msgpack raises many types for malformed input
                 raise FrameError(f"internal frame is not valid msgpack: {type(e).__name__}: {e}") from None
