@@ -41,6 +41,8 @@ _FLAG_NAMES = {
     "max_processes": "--max-processes",
     "no_cgroups": "--no-cgroups",  # a switch: True adds it
     "reuse_workers": "--reuse-workers",  # a switch: tools are trusted, workers run call after call
+    "max_queue_mb": "--max-queue-mb",
+    "max_queue_wait": "--max-queue-wait",
 }
 
 
