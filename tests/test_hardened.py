@@ -277,6 +277,8 @@ def test_result_lists_the_layers_and_a_cpu_hog_is_a_timeout(make_client: Any, tm
 
 import test_attacks as attack_suite  # noqa: E402 (tests/ is on sys.path: pytest's rootdir-relative import)
 from test_attacks import ATTACKS  # noqa: E402
+
+start_raw = attack_suite.start_raw  # the fixture, for the suite's tests that start raw executors
 from test_executor_faults import FAULTS, ROUNDS, Wire, _start, _survives  # noqa: E402
 
 
@@ -384,6 +386,9 @@ ATTACK_SUITE = (
     "test_40_mb_in_40000_signals_arrive_cut_with_a_note",
     "test_a_tool_cannot_rewrite_the_template_that_later_workers_are_forked_from",
     "test_a_tool_cannot_take_over_the_workers_forked_for_later_calls",
+    "test_a_tool_cannot_kill_the_supervisor_or_leave_processes_behind_it",
+    "test_secrets_in_the_executors_environment_are_not_in_proc_environ",
+    "test_secrets_in_the_executors_environment_are_not_in_a_workers_memory",
 )
 
 
@@ -396,13 +401,16 @@ def hardened_attack_suite() -> Iterator[LocalExecutor]:
 
 @pytest.mark.parametrize("name", ATTACK_SUITE)
 def test_the_hostile_tool_suite_holds_under_hardened(name: str, hardened_attack_suite: LocalExecutor,
-                                                     make_client: Any, tmp_path: Path) -> None:
+                                                     make_client: Any, start_raw: Any, tmp_path: Path) -> None:
     def hardened_client(tools: list[str] | None = None, **options: Any) -> Any:
         return make_client(tools, profile="hardened", **options)
 
+    def hardened_raw(**options: Any) -> Any:
+        return start_raw(profile="hardened", **options)
+
     test = getattr(attack_suite, name)
     given = {"executor": hardened_attack_suite, "client": hardened_attack_suite.client, "tmp_path": tmp_path,
-             "make_client": hardened_client}
+             "make_client": hardened_client, "start_raw": hardened_raw}
     test(**{k: v for k, v in given.items() if k in inspect.signature(test).parameters})
 
 
