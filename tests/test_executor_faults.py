@@ -74,14 +74,17 @@ def assert_tree_is_supervisor_template_and(local: LocalExecutor, worker_pid: int
     assert local.proc is not None
     deadline = time.monotonic() + 5
     while True:
-        tree = live_tree(local)
-        supervisor = tree.pop(local.proc.pid)
-        template = [p for p in tree.values() if p.ppid() == supervisor.pid]
-        assert len(template) == 1, f"the supervisor has children {template}, expected only the template"
-        tree.pop(template[0].pid)
-        expected = [worker_pid] if worker_pid is not None else [p.pid for p in tree.values()][:1]
-        if list(tree) == expected and all(p.ppid() == template[0].pid for p in tree.values()):
-            return
+        try:
+            tree = live_tree(local)
+            supervisor = tree.pop(local.proc.pid)
+            template = [p for p in tree.values() if p.ppid() == supervisor.pid]
+            assert len(template) == 1, f"the supervisor has children {template}, expected only the template"
+            tree.pop(template[0].pid)
+            expected = [worker_pid] if worker_pid is not None else [p.pid for p in tree.values()][:1]
+            if list(tree) == expected and all(p.ppid() == template[0].pid for p in tree.values()):
+                return
+        except psutil.NoSuchProcess:  # a worker exited between the listing and the look at it: look again
+            tree = {}
         assert time.monotonic() < deadline, (
             f"besides supervisor and template the executor holds {[(p.pid, p.cmdline()) for p in tree.values()]}, "
             f"expected only one worker {worker_pid or ''}")
