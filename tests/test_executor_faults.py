@@ -541,14 +541,15 @@ def test_a_tools_own_timeout_applies_and_a_calls_own_timeout_overrides_it(client
     started = time.monotonic()
     own = client.call(Call(tool="slow_with_own_timeout"))
     assert own.error is not None and own.error.kind == "timeout"
-    assert own.limits is not None and own.limits.timeout_s == 0.5
-    assert 0.5 <= time.monotonic() - started < 0.5 + GRACE
+    # counted from its arrival: a call that waited for a worker gets what is left (SPEC, Timeouts)
+    assert own.limits is not None and 0.3 < own.limits.timeout_s <= 0.5, own.limits
+    assert 0.5 - 0.05 <= time.monotonic() - started < 0.5 + GRACE
 
     started = time.monotonic()
     override = client.call(Call(tool="slow_with_own_timeout", timeout=1.2))
     assert override.error is not None and override.error.kind == "timeout"
-    assert override.limits is not None and override.limits.timeout_s == 1.2
-    assert 1.2 <= time.monotonic() - started < 1.2 + GRACE
+    assert override.limits is not None and 1.0 < override.limits.timeout_s <= 1.2, override.limits
+    assert 1.2 - 0.05 <= time.monotonic() - started < 1.2 + GRACE
 
     longer = client.call(Call(tool="nap", kwargs={"seconds": 0.3}, timeout=0.1))
     assert longer.error is not None and longer.error.kind == "timeout", "a call may also shorten the limit"
