@@ -668,11 +668,21 @@ def rabbits(count: int = 4, lifetime: float = 5.0) -> int:
 
 
 @tool
-def spin_ignoring_sigxcpu() -> None:
-    """Ignore SIGXCPU (the soft CPU limit's warning) and spin: only the hard limit can stop it."""
+def spin_ignoring_sigxcpu(threads: int = 2) -> None:
+    """Ignore SIGXCPU (the soft CPU limit's warning) and burn CPU on ``threads`` threads besides the
+    main one (hashing releases the GIL, so they run in parallel): only the hard limit can stop it."""
+    import hashlib
+
     signal.signal(signal.SIGXCPU, signal.SIG_IGN)
-    while True:
-        pass
+    block = bytes(1 << 20)
+
+    def burn() -> None:
+        while True:
+            hashlib.sha256(block).digest()
+
+    for _ in range(threads):
+        threading.Thread(target=burn, daemon=True).start()
+    burn()
 
 
 @tool
