@@ -8,7 +8,7 @@ message is a msgpack map with an ``op`` key (see ``executor.framing`` for the le
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 
@@ -35,7 +35,10 @@ class _Message:
     OP: ClassVar[str] = ""
 
     def to_wire(self) -> dict[str, Any]:
-        return {"op": self.OP, **asdict(self)}  # type: ignore[call-overload]
+        # Shallow on purpose: asdict() would deep-copy a call's arguments and its result on every hop.
+        wire = {"op": self.OP}
+        wire.update((f.name, getattr(self, f.name)) for f in fields(self))  # type: ignore[arg-type]
+        return wire
 
 
 # ------------------------------------------------------------------ supervisor <-> template
