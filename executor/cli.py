@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from executor.privacy import reexec_without_secrets
 from protocol import Limits
 from protocol.environment import check_pass_env
 
@@ -255,6 +256,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"ciayn-executor: {e}", file=sys.stderr)
         return 2
+    # Never hold a secret a tool is not handed: start again with the allowlisted environment only.
+    reexec_without_secrets(args.pass_env)
     # File paths of tool modules are relative to where the command ran, not to --workspace (the
     # executor changes into the workspace before it imports them).
     args.tools = [os.path.abspath(t) if t.endswith(".py") or os.sep in t else t for t in args.tools]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import sys
 
 PR_SET_DUMPABLE = 4
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -86,3 +87,31 @@ def drop_capabilities(*caps: int) -> bool:
     if held and _libc.capset(ctypes.byref(header), data) != 0:
         raise OSError(ctypes.get_errno(), "capset failed while dropping capabilities")
     return held
+
+
+# What the interpreter needs to start from a source checkout; never handed to tools (the template
+# applies the tools' allowlist again).
+_INTERPRETER_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "VIRTUAL_ENV")
+_REEXEC_MARK = "CIAYN_EXECUTOR_REEXEC"
+
+
+def reexec_without_secrets(pass_env: list[str]) -> None:
+    """Start this executor again in a fresh interpreter whose environment is only the allowlist.
+
+    A worker is a fork of the template, itself a fork of this process: everything this process
+    ever held is in a tool's address space, where deleting ``os.environ`` entries does not reach
+    (the kernel's copy at the top of the stack, freed strings on the heap). The selfcheck found an
+    API key there by scanning the worker's own memory. After the exec it was never in memory. Only
+    for ``ciayn-executor serve``; a no-op when the environment holds nothing beyond the allowlist
+    (as when ``ciayn`` or ``LocalExecutor`` start the executor)."""
+    from protocol.environment import allowed_environment
+
+    keep = allowed_environment(os.environ, pass_env)
+    keep.update({k: os.environ[k] for k in _INTERPRETER_ENV if k in os.environ})
+    if os.environ.get(_REEXEC_MARK) == "1" or set(keep) == set(os.environ) or sys.argv[1:2] != ["serve"]:
+        os.environ.pop(_REEXEC_MARK, None)
+        return
+    keep[_REEXEC_MARK] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "executor.cli", *sys.argv[1:]], keep)

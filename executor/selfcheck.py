@@ -991,7 +991,6 @@ def start_hardened(args: Any) -> int:
 
     from executor import hardening
 
-    _reexec_without_secrets(getattr(args, "pass_env", []) or [])
     if getattr(args, "reuse_workers", False):
         print("ciayn-executor: --reuse-workers cannot be used with --profile hardened (every hardened call "
               "runs in a fresh worker)", file=sys.stderr)
@@ -1056,32 +1055,6 @@ def _workspace_problem(config: Any) -> str | None:
                 f"{st.st_mode & 0o777:o}); make it readable by others (chmod o+rx), add --workspace-rw (tools "
                 "then act as its owner in it), or choose another --workspace")
     return None
-
-
-# What the interpreter needs to start from a source checkout; never handed to tools (the template
-# applies the tools' allowlist again).
-_INTERPRETER_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "VIRTUAL_ENV")
-_REEXEC_MARK = "CIAYN_HARDENED_REEXEC"
-
-
-def _reexec_without_secrets(pass_env: list[str]) -> None:
-    """Start this executor again in a fresh interpreter whose environment is only the allowlist.
-
-    A worker is a fork of the template, itself a fork of this process: everything this process
-    ever held is in a tool's address space, where deleting ``os.environ`` entries does not reach
-    (the kernel's copy at the top of the stack, freed strings on the heap). The selfcheck found an
-    API key there by scanning the worker's own memory. After the exec it was never in memory."""
-    from protocol.environment import allowed_environment
-
-    keep = allowed_environment(os.environ, pass_env)
-    keep.update({k: os.environ[k] for k in _INTERPRETER_ENV if k in os.environ})
-    if os.environ.get(_REEXEC_MARK) == "1" or set(keep) == set(os.environ) or sys.argv[1:2] != ["serve"]:
-        os.environ.pop(_REEXEC_MARK, None)
-        return
-    keep[_REEXEC_MARK] = "1"
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "executor.cli", *sys.argv[1:]], keep)
 
 
 def _loud(text: str) -> None:

@@ -337,13 +337,6 @@ def test_secrets_in_the_executors_environment_are_not_in_proc_environ(
     assert seen["proc_parent"] == {}, f"the template's /proc/<pid>/environ holds {sorted(seen['proc_parent'])}"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: the supervisor's environment (os.environ's str objects, posix.environ's bytes) lives on in the "
-    "heap that the template and every worker inherit by fork: cleared and freed, never overwritten. A tool "
-    "reading its own address space (ctypes.string_at over /proc/self/maps: no permission needed) finds "
-    "OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY and GITHUB_TOKEN of `OPENAI_API_KEY=x ciayn-executor serve ...`. "
-    "Reproduce: attacks.secrets_in_memory([[half, half], ...]). The hardened profile's start gate re-execs "
-    "without them and holds; the default profile would need the same re-exec (an exec, not a scrub)."))
 def test_secrets_in_the_executors_environment_are_not_in_a_workers_memory(
     start_raw: Callable[..., LocalExecutor],
 ) -> None:
