@@ -24,9 +24,13 @@ to the executor that has it (which answers from its cache or joins the running c
 previous run has announced what it holds first. During that window it also leaves clients' pings
 and hellos unanswered: a client that had calls in flight through the previous run takes the silence
 for a lost connection (Lazy Pirate), reconnects, and resends them as soon as the broker answers, so
-the window must outlast the client's silence threshold (a test checks the constants agree). The
-broker keeps its own cache of recent results too, so a duplicate is usually answered without asking
-an executor.
+the window must outlast the client's silence threshold (a test checks the constants agree).
+
+Duplicates: the broker keeps the executor's at-most-once memory (``executor.calls.AtMostOnce``): the
+ids it accepted, apart from a result cache bounded in bytes and fair per client (a client flooding
+calls pushes out its own oldest answers, not another's). A resent id joins the call in flight, is
+answered from that cache, or, once its answer is gone, is told it ran and is not run again: the
+broker never sends an id it has seen to a second executor.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from typing import Any, Literal
 
 import zmq
 
-from executor.calls import fingerprint
+from executor.calls import ANY_DIGEST, RESULT_CACHE_BYTES, AtMostOnce, fingerprint, join
 from executor.endpoint import EndpointError, RouterEndpoint
 from executor.fairqueue import FairQueue
 from executor.journal import Journal
@@ -77,8 +81,7 @@ MAX_HELLOS = 4096  # clients waiting for that answer, at most (one entry per cli
 RUNNING_GRACE = 10.0  # an executor silent about a call this long past its timeout: answered here
 LOCATION_TTL = 120.0  # how long an announced held id routes a resent call to its executor
 MAX_LOCATIONS = 262_144
-RESULT_CACHE_SIZE = 8192  # recent results kept to answer resent ids...
-RESULT_CACHE_BYTES = 128 * 1024 * 1024  # ...and at most this many encoded bytes of them
+UNCLAIMED = b""  # the result cache's owner of answers no client of this run asked for yet
 
 
 class BrokerError(Exception):
@@ -140,6 +143,7 @@ class Broker:
         metrics: str | None = None,
         insecure: bool = False,
         state_dir: str | None = None,
+        cache_bytes: int = RESULT_CACHE_BYTES,
     ) -> None:
         self.frontend_endpoint = frontend
         self.backend_endpoint = backend
@@ -162,8 +166,7 @@ class Broker:
         self.specs: dict[str, ToolSpec] = {}  # the one spec of each tool name in the pool
         self.jobs: dict[str, Job] = {}
         self.waiting: FairQueue[Job] = FairQueue()
-        self.cache: collections.OrderedDict[str, tuple[list[bytes], int | None]] = collections.OrderedDict()
-        self.cache_bytes = 0
+        self.calls = AtMostOnce(cache_bytes=cache_bytes)  # the ids accepted, and recent answers
         self.locations: collections.OrderedDict[str, tuple[str, float]] = collections.OrderedDict()
         self.hellos: list[tuple[bytes, float]] = []  # waiting for the first executor
         self.stats = CallStats()
@@ -365,17 +368,13 @@ class Broker:
             self._send_frontend(route, Result.failure("", "protocol", "a call must carry an id"))
             return
         key = _key(call)
-        cached = self.cache.get(cid)
         job = self.jobs.get(cid)
-        if (cached is not None and cached[1] not in (None, key)) or (job is not None and job.key != key):
-            self._send_frontend(route, Result.failure(cid, "protocol", f"id {cid} already used for a different call"))
-            return
-        if cached is not None:
-            self._send_frames_frontend(route, cached[0])
-            return
-        if job is not None:
-            if route not in job.waiters:
-                job.waiters.append(route)
+        seen = join(cid, job.waiters, job.key, route, key) if job is not None else self.calls.answer(cid, key)
+        if seen is not None:
+            if seen.frames is not None:
+                self._send_frames_frontend(route, seen.frames)
+            elif seen.refusal is not None:
+                self._answer_now(route, seen.refusal)
             return
         now = time.monotonic()
         spec = self.specs.get(call.tool)  # arguments are bound by the executor (it answers bad_arguments)
@@ -391,6 +390,7 @@ class Broker:
         job = Job(call=call, frames=_encode(call), client=route, waiters=[route], spec=spec,
                   timeout=self._timeout(call, spec), queued_at=now, key=key)
         self.jobs[cid] = job
+        self.calls.record(cid, key, now)
         held_by = self.locations.pop(cid, None)
         member = self._member_by_id(held_by[0]) if held_by else None
         if member is not None:
@@ -441,7 +441,8 @@ class Broker:
                 names = ", ".join(sorted(self.specs))
                 self.waiting.remove(job)
                 self._finish(job, Result.failure(job.call.id or "", "unknown_tool",
-                                                 f"no tool named {job.call.tool!r} in the pool; available: {names}"))
+                                                 f"no tool named {job.call.tool!r} in the pool; available: {names}"),
+                             ran=False)
             return
         job.spec = spec
         job.timeout = self._timeout(job.call, spec)
@@ -494,7 +495,7 @@ class Broker:
             why = (f"no executor with the tool {job.call.tool!r} had a free worker"
                    if self.members else "no executor is connected to the broker")
             self._finish(job, Result.failure(job.call.id or "", "unavailable",
-                                             f"{why} for {job.timeout:g} s; the call did not run"))
+                                             f"{why} for {job.timeout:g} s; the call did not run"), ran=False)
 
     def _expire_running(self, now: float) -> None:
         for member in list(self.members.values()):
@@ -599,8 +600,9 @@ class Broker:
             if job is not None and job.member is None:
                 self.waiting.remove(job)
                 self._finish(job, result, frames)
-            elif job is None:
-                self._remember(cid, frames, None)  # the key is unknown: only a resend of the same id reaches it
+            elif job is None:  # its call is unknown here: a resend of that id, whatever its body, gets it
+                self.calls.record(cid, ANY_DIGEST, time.monotonic())
+                self.calls.remember(cid, frames, UNCLAIMED)
             return
         if job is None or job.member is not member:
             log.debug("executor %s answered call %s, which it was not running; ignored", member.id, cid)
@@ -635,7 +637,10 @@ class Broker:
 
     # ---------------------------------------------------------------- answers
 
-    def _finish(self, job: Job, result: Result, frames: list[bytes] | None = None) -> None:
+    def _finish(self, job: Job, result: Result, frames: list[bytes] | None = None, *, ran: bool = True) -> None:
+        """Answer everyone waiting for ``job``. Unless it surely did not run (``ran=False``: refused, or
+        it waited in the queue for its whole timeout; its id may then be sent again, SPEC section 8),
+        the answer is kept for a resend of its id."""
         cid = job.call.id or ""
         self.jobs.pop(cid, None)
         if frames is None:
@@ -644,7 +649,10 @@ class Broker:
             self.stats.observe(job.call.tool, result, time.monotonic() - job.queued_at)
         else:
             self.stats.served += 1
-        self._remember(cid, frames, job.key)
+        if ran:
+            self.calls.remember(cid, frames, job.client)
+        else:
+            self.calls.unrecord(cid)
         for route in job.waiters:
             self._send_frames_frontend(route, frames)
 
@@ -653,18 +661,6 @@ class Broker:
         call may reuse its id (SPEC section 8)."""
         result.executor = self.broker_id
         self._send_frames_frontend(route, _encode(result))
-
-    def _remember(self, cid: str, frames: list[bytes], key: int | None) -> None:
-        if not cid:
-            return
-        replaced = self.cache.pop(cid, None)
-        if replaced is not None:
-            self.cache_bytes -= sum(len(f) for f in replaced[0])
-        self.cache[cid] = (frames, key)
-        self.cache_bytes += sum(len(f) for f in frames)
-        while len(self.cache) > RESULT_CACHE_SIZE or self.cache_bytes > RESULT_CACHE_BYTES:
-            _, (dropped, _) = self.cache.popitem(last=False)
-            self.cache_bytes -= sum(len(f) for f in dropped)
 
     def _send_frontend(self, route: bytes, msg: Any) -> None:
         self._send_frames_frontend(route, _encode(msg))

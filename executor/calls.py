@@ -8,6 +8,9 @@ or running, or is told the call ran and its result is gone. A resend whose body 
 Refusals (unknown tool, bad arguments, a full queue) never enter either, so they evict nothing and a
 corrected call may reuse its id.
 
+The memory behind that rule, apart from the calls in flight, is ``AtMostOnce``: the broker keeps
+one too, so that its duplicate handling is the executor's (``executor.broker``).
+
 It also owns the queue of calls waiting for a worker, bounded in calls, in encoded bytes and in wait:
 a call's timeout counts from its arrival, so one still queued when it runs out (or after
 ``max_wait``) is answered ``unavailable`` without running, and one that starts late gets what is left
@@ -77,13 +80,104 @@ def _digest48(digest: int) -> int:
     return digest & 0xFFFF_FFFF_FFFF
 
 
+ANY_DIGEST = 1 << 48  # recorded for an id whose call is unknown (a result that reached a restarted broker)
+
+
 def _reused(cid: str) -> Result:
     return Result.failure(cid, "protocol", "this id was already used for a different call (another tool, other "
                           "arguments or another timeout); call ids must be unique: use a fresh one")
 
 
+def join(cid: str, waiters: list[bytes], digest: int, route: bytes, resent_digest: int) -> Seen:
+    """A resend of a call still queued or running: ``route`` joins its ``waiters``, unless the resend
+    is another call under the same id."""
+    if digest != _digest48(resent_digest):
+        return Seen(refusal=_reused(cid))
+    if route not in waiters:
+        waiters.append(route)
+    return Seen(joined=True)
+
+
+class AtMostOnce:
+    """The ids accepted to run and the encoded answers of finished calls: what answers a resent id
+    once its call is no longer in flight. Both bounded: ids by count and age, answers in bytes, fair
+    per client (SPEC.md section 8)."""
+
+    def __init__(self, *, cache_bytes: int = RESULT_CACHE_BYTES, max_executed: int = MAX_EXECUTED_IDS,
+                 executed_ttl: float = EXECUTED_ID_TTL) -> None:
+        self.cache_limit = cache_bytes
+        self.max_executed = max_executed
+        self.executed_ttl = executed_ttl
+        self.executed: dict[int, int] = {}  # hash(id) -> digest48 << 32 | accepted at (s); oldest first
+        self.cache: dict[str, _Cached] = {}  # id -> answer; oldest first
+        self.cache_bytes = 0
+        self.owner_bytes: collections.Counter[bytes] = collections.Counter()
+        self.by_owner: dict[bytes, collections.OrderedDict[str, None]] = {}
+
+    def answer(self, cid: str, digest: int) -> Seen | None:
+        """None for an id never accepted (or forgotten); otherwise what to answer its resend: the
+        cached answer, or a refusal (another call under that id; or it ran and its answer is gone)."""
+        ran = self.executed.get(hash(cid))
+        if ran is None:
+            return None
+        if ran >> 32 not in (_digest48(digest), ANY_DIGEST):
+            return Seen(refusal=_reused(cid))
+        cached = self.cache.get(cid)
+        if cached is not None:
+            return Seen(frames=cached.frames)
+        return Seen(refusal=Result.failure(
+            cid, "unavailable", "this call already ran and its result is no longer held here (the result cache "
+            "is bounded); it was not run again"))
+
+    def record(self, cid: str, digest: int, now: float) -> None:
+        """Remember ``cid`` as run: keyed by its hash (Python's keyed SipHash: 64 bits no client can
+        aim at), valued by 48 bits of the call's digest (or ``ANY_DIGEST``) and the second it was
+        accepted, about 120 bytes an id. The oldest go past the count or age bound (a call still
+        queued or running is known from its owner's table of calls in flight anyway)."""
+        key = hash(cid)
+        self.executed.pop(key, None)
+        self.executed[key] = digest << 32 | int(now) & 0xFFFFFFFF
+        while self.executed:
+            oldest = next(iter(self.executed))
+            if len(self.executed) <= self.max_executed and int(now) - (self.executed[oldest] & 0xFFFFFFFF) < \
+                    self.executed_ttl:
+                break
+            del self.executed[oldest]
+
+    def unrecord(self, cid: str) -> None:
+        """Forget ``cid``: its call did not run after all (it expired queued), so the id may be sent again."""
+        self.executed.pop(hash(cid), None)
+
+    def remember(self, cid: str, frames: list[bytes], owner: bytes) -> None:
+        """Keep a finished call's answer to give a resent id. Bounded in bytes; when full, the oldest
+        answer of the client holding the most bytes goes first, so no client can flush another's."""
+        self._forget(cid)
+        size = sum(len(f) for f in frames)
+        if size > self.cache_limit:
+            return
+        self.cache[cid] = _Cached(frames, owner, size)
+        self.cache_bytes += size
+        self.owner_bytes[owner] += size
+        self.by_owner.setdefault(owner, collections.OrderedDict())[cid] = None
+        while self.cache_bytes > self.cache_limit:
+            heaviest = max(self.owner_bytes, key=self.owner_bytes.__getitem__)
+            self._forget(next(iter(self.by_owner[heaviest])))
+
+    def _forget(self, cid: str) -> None:
+        entry = self.cache.pop(cid, None)
+        if entry is None:
+            return
+        self.cache_bytes -= entry.size
+        self.owner_bytes[entry.owner] -= entry.size
+        ids = self.by_owner[entry.owner]
+        del ids[cid]
+        if not ids:
+            del self.by_owner[entry.owner]
+            del self.owner_bytes[entry.owner]
+
+
 class CallTable:
-    """Queued and running calls by id, the ids that ran, and encoded results of finished calls."""
+    """Queued and running calls by id, and the at-most-once memory (``AtMostOnce``) of those that ran."""
 
     def __init__(self, max_queue: int, *, max_queue_bytes: int = MAX_QUEUE_BYTES,
                  max_wait: float = MAX_QUEUE_WAIT, cache_bytes: int = RESULT_CACHE_BYTES,
@@ -91,18 +185,24 @@ class CallTable:
         self.max_queue = max_queue
         self.max_queue_bytes = max_queue_bytes
         self.max_wait = max_wait
-        self.cache_limit = cache_bytes
-        self.max_executed = max_executed
-        self.executed_ttl = executed_ttl
+        self.ran = AtMostOnce(cache_bytes=cache_bytes, max_executed=max_executed, executed_ttl=executed_ttl)
         self.jobs: dict[str, Job] = {}
         self.queue: collections.deque[Job] = collections.deque()
         self.queued_bytes = 0
-        self.executed: dict[int, int] = {}  # hash(id) -> digest48 << 32 | accepted at (s); oldest first
-        self.cache: dict[str, _Cached] = {}  # id -> answer; oldest first
-        self.cache_bytes = 0
-        self.owner_bytes: collections.Counter[bytes] = collections.Counter()
-        self.by_owner: dict[bytes, collections.OrderedDict[str, None]] = {}
         self.expired: list[tuple[Job, Result]] = []  # left the queue unrun; the supervisor answers them
+
+    @property
+    def executed(self) -> dict[int, int]:
+        return self.ran.executed
+
+    @property
+    def cache(self) -> dict[str, _Cached]:
+        """Answers of finished calls by id, oldest first."""
+        return self.ran.cache
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.ran.cache_bytes
 
     # ---------------------------------------------------------------- arrival
 
@@ -112,22 +212,8 @@ class CallTable:
         cid = call.id or ""
         job = self.jobs.get(cid)
         if job is not None:
-            if job.digest != _digest48(digest):
-                return Seen(refusal=_reused(cid))
-            if route not in job.waiters:
-                job.waiters.append(route)
-            return Seen(joined=True)
-        ran = self.executed.get(hash(cid))
-        if ran is None:
-            return None
-        if ran >> 32 != _digest48(digest):
-            return Seen(refusal=_reused(cid))
-        cached = self.cache.get(cid)
-        if cached is not None:
-            return Seen(frames=cached.frames)
-        return Seen(refusal=Result.failure(
-            cid, "unavailable", "this call already ran here and its result is no longer held (the result cache "
-            "is bounded); it was not run again"))
+            return join(cid, job.waiters, job.digest, route, digest)
+        return self.ran.answer(cid, digest)
 
     def admit(self, job: Job, now: float) -> Result | None:
         """Queue an accepted call and record its id as run; or the ``unavailable`` refusal when the
@@ -144,23 +230,8 @@ class CallTable:
         self.jobs[job.call_id] = job
         self.queue.append(job)
         self.queued_bytes += job.size
-        self._record(job.call_id, job.digest, now)
+        self.ran.record(job.call_id, job.digest, now)
         return None
-
-    def _record(self, cid: str, digest: int, now: float) -> None:
-        """Remember ``cid`` as run: keyed by its hash (Python's keyed SipHash: 64 bits no client can
-        aim at), valued by 48 bits of the call's digest and the second it was accepted, about 120
-        bytes an id. The oldest go past the count or age bound (a call still queued or running is
-        known from ``jobs`` anyway)."""
-        key = hash(cid)
-        self.executed.pop(key, None)
-        self.executed[key] = digest << 32 | int(now) & 0xFFFFFFFF
-        while self.executed:
-            oldest = next(iter(self.executed))
-            if len(self.executed) <= self.max_executed and int(now) - (self.executed[oldest] & 0xFFFFFFFF) < \
-                    self.executed_ttl:
-                break
-            del self.executed[oldest]
 
     def running(self, cid: str) -> Job | None:
         return self.jobs.get(cid)
@@ -207,7 +278,7 @@ class CallTable:
             job.call_id, "unavailable",
             f"the call waited {waited:.1f} s in the executor's queue ({bound}, {self.queue_wait_bound(job):g} s, "
             f"ran out before a worker was free); it did not run")))
-        self.executed.pop(hash(job.call_id), None)  # it never ran: the same id may be sent again
+        self.ran.unrecord(job.call_id)  # it never ran: the same id may be sent again
 
     def take_expired(self) -> list[tuple[Job, Result]]:
         expired, self.expired = self.expired, []
@@ -242,28 +313,5 @@ class CallTable:
         self.jobs.pop(job.call_id, None)
 
     def remember(self, cid: str, frames: list[bytes], owner: bytes) -> None:
-        """Keep a finished call's answer to give a resent id. Bounded in bytes; when full, the oldest
-        answer of the client holding the most bytes goes first, so no client can flush another's."""
-        self._forget(cid)
-        size = sum(len(f) for f in frames)
-        if size > self.cache_limit:
-            return
-        self.cache[cid] = _Cached(frames, owner, size)
-        self.cache_bytes += size
-        self.owner_bytes[owner] += size
-        self.by_owner.setdefault(owner, collections.OrderedDict())[cid] = None
-        while self.cache_bytes > self.cache_limit:
-            heaviest = max(self.owner_bytes, key=self.owner_bytes.__getitem__)
-            self._forget(next(iter(self.by_owner[heaviest])))
-
-    def _forget(self, cid: str) -> None:
-        entry = self.cache.pop(cid, None)
-        if entry is None:
-            return
-        self.cache_bytes -= entry.size
-        self.owner_bytes[entry.owner] -= entry.size
-        ids = self.by_owner[entry.owner]
-        del ids[cid]
-        if not ids:
-            del self.by_owner[entry.owner]
-            del self.owner_bytes[entry.owner]
+        """Keep a finished call's answer for a resent id (``AtMostOnce.remember``)."""
+        self.ran.remember(cid, frames, owner)

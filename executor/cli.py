@@ -173,6 +173,9 @@ def _add_broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                         "with --curve-secret: an executor sees every call it is sent and answers it)")
     broker.add_argument("--max-queue", type=_positive(int), default=65536,
                         help="calls waiting in the broker before new ones are refused (default: 65536)")
+    broker.add_argument("--result-cache-mb", type=_positive(int), default=128,
+                        help="encoded results kept to answer a resent call id, fair per client: when full, the "
+                        "oldest result of the client holding the most goes first (default: 128)")
     broker.add_argument("--recovery-s", type=float, default=RECOVERY_WINDOW,
                         help="after start, seconds to wait for the executors of a previous run to re-announce "
                         "the calls they hold before sending calls elsewhere, staying silent to clients so that "
@@ -297,6 +300,7 @@ def _broker(args: argparse.Namespace) -> int:
         return 2
     broker = Broker(args.frontend, args.backend, curve_secret=args.curve_secret, curve_clients=args.curve_clients,
                     curve_executors=args.curve_executors, max_queue=args.max_queue, recovery_s=args.recovery_s,
+                    cache_bytes=args.result_cache_mb * 1024**2,
                     metrics=args.metrics_port, insecure=args.insecure, state_dir=args.state_dir)
     try:
         return broker.serve()
