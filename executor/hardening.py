@@ -50,15 +50,18 @@ import ctypes
 import os
 import platform
 import resource
+import signal
+import socket
 import stat
 import struct
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from executor import cgroups
+from executor import cgroups, overlay
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -80,6 +83,7 @@ MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV, MOUNT_ATTR_IDMAP = 0x1, 
 AT_FDCWD, AT_RECURSIVE, AT_EMPTY_PATH = -100, 0x8000, 0x1000
 OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC, MOVE_MOUNT_F_EMPTY_PATH = 1, 0o2000000, 4
 
+PR_SET_PDEATHSIG = 1
 PR_SET_KEEPCAPS = 8
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
@@ -170,7 +174,9 @@ class HardenedConfig:
     """What the hardened profile needs to know beyond the call limits."""
 
     workspace: str  # absolute; mounted read-only unless workspace_rw
-    workspace_rw: bool = False
+    workspace_rw: bool = False  # then each call's writes are a transaction (``executor.overlay``)
+    workspace_quota_mb: int = overlay.DEFAULT_QUOTA_MB  # with workspace_rw: the workspace's size after a call
+    max_result_kb: int = 4096  # the executor's default (``Limits``): the largest reply a keeper holds
     hide: tuple[str, ...] = ()  # never visible inside: the executor's socket directory, its CurveZMQ key
     uid: int = NOBODY
     gid: int = NOBODY
@@ -276,6 +282,8 @@ def _apply_filesystem(sb: Sandbox) -> None:
         _check("filesystem", "detach the staged workspace", _libc.umount2(sb.staged_workspace.encode(), MNT_DETACH))
     for hidden in sb.late_hides:
         _hide(root, hidden)
+    if sb.keeper:
+        _mount_overlay(sb)
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     _bind(root + "/proc/sys", root + "/proc/sys", readonly=True)
     os.chdir(root)
@@ -284,6 +292,21 @@ def _apply_filesystem(sb: Sandbox) -> None:
     os.chdir("/tmp")
     # The cwd is scratch now (tools find the workspace by name); home and temp are the scratch too.
     os.environ.update({"CIAYN_WORKSPACE": sb.config.workspace, "HOME": "/tmp", "TMPDIR": "/tmp"})
+
+
+def _mount_overlay(sb: Sandbox) -> None:
+    """``--workspace-rw``: the workspace becomes an overlay whose upper layer is the call's tmpfs (the
+    keeper mounted it; its own mount is dropped here, so the tools reach it only through the
+    overlay). Hidden paths inside the workspace are hidden again on top (an overlay layer does not
+    show the mounts under its directory)."""
+    workspace = os.path.realpath(sb.config.workspace)
+    lower, upper = sb.root + workspace, sb.root + overlay.UPPER
+    _mount("overlay", lower, "overlay", MS_NOSUID | MS_NODEV,
+           f"lowerdir={lower},upperdir={upper}/upper,workdir={upper}/work,{overlay.OVERLAY_OPTIONS}")
+    _check("filesystem", "detach the call's upper layer", _libc.umount2(upper.encode(), MNT_DETACH))
+    for hidden in sb.config.hide:
+        if _under(os.path.realpath(hidden), workspace):
+            _hide(sb.root, os.path.realpath(hidden))
 
 
 def _apply_capabilities(sb: Sandbox) -> None:
@@ -568,6 +591,9 @@ class Sandbox:
         self.free_cpu_groups: list[Path] = []  # empty ones, of workers gone: the next workers take them
         self.count = 0
         self.timings: dict[str, float] = {}  # layer -> seconds, in the worker that entered
+        # --workspace-rw: each worker is a keeper outside the sandbox plus the sandboxed process that
+        # runs the call, whose writes the keeper applies afterwards (``executor.overlay``)
+        self.keeper = config.workspace_rw and "filesystem" in self.names
 
     # ---------------------------------------------------------------- template side
 
@@ -594,7 +620,8 @@ class Sandbox:
             # Back to its own namespace first, in case a fork failed after the last unshare (a second
             # unshare(CLONE_NEWPID) before any child would be refused with EINVAL).
             _check("pid-ns", "setns back", _libc.setns(self.own_pidns, CLONE_NEWPID))
-            _check("pid-ns", "unshare(CLONE_NEWPID)", _libc.unshare(CLONE_NEWPID))
+            if not self.keeper:  # else the keeper makes it for the process it forks
+                _check("pid-ns", "unshare(CLONE_NEWPID)", _libc.unshare(CLONE_NEWPID))
 
     def after_fork(self, pid: int) -> None:
         """In the template, right after the fork: later children start in its own PID namespace
@@ -649,6 +676,8 @@ class Sandbox:
                 _hide(root, hidden)
         if rw and _under(workspace, "/tmp"):
             os.makedirs(root + "/.ciayn-workspace")
+        if self.keeper:
+            os.makedirs(root + overlay.UPPER)
         _readonly_tree(root)
         late = [src for src in _view_roots(workspace, self.config.hide) if _under(src, "/tmp")]
         self.late_binds = [(src, src, True) for src in late if not (src == workspace and rw)]
@@ -694,8 +723,12 @@ class Sandbox:
 
     def enter(self) -> list[str]:
         """In a freshly forked worker, before it reads its call: apply every layer, in order.
-        Returns the names of the layers applied; raises ``LayerError`` naming the one that failed."""
+        Returns the names of the layers applied; raises ``LayerError`` naming the one that failed.
+        With ``--workspace-rw`` this process first becomes the call's keeper: only the process it
+        forks returns from here."""
         t0 = time.perf_counter()
+        if self.keeper:
+            self._split()
         flags = 0
         for layer in self.layers:
             flags |= layer.flags
@@ -711,6 +744,62 @@ class Sandbox:
             self.timings[layer.name] = time.perf_counter() - start
         self.timings["total"] = time.perf_counter() - t0
         return list(self.names)
+
+
+    def _split(self) -> None:
+        """Become the keeper (``executor.overlay.Keeper``) of this worker's call: a mount namespace of
+        its own holding the call's upper layer (a tmpfs capped at the quota), and a child, PID 1 of a
+        new PID namespace, that takes over the channel, enters the sandbox and returns from here to
+        run the call. The keeper never returns."""
+        chan_fd = _channel_fd()
+        _check("mount-ns", "unshare(CLONE_NEWNS) for the call's upper layer", _libc.unshare(CLONE_NEWNS))
+        upper = self.root + overlay.UPPER
+        quota = self.config.workspace_quota_mb * overlay.MB
+        _mount("tmpfs", upper, "tmpfs", MS_NOSUID | MS_NODEV,
+               f"size={quota},nr_inodes={quota // overlay.BLOCK + 16},mode=0700")
+        workspace = os.path.realpath(self.config.workspace)
+        os.mkdir(upper + "/upper")
+        os.chmod(upper + "/upper", stat.S_IMODE(os.stat(workspace).st_mode))
+        os.chown(upper + "/upper", self.config.uid, self.config.gid)  # the tools own the merged root
+        os.mkdir(upper + "/work", 0o700)
+        keeper_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        if "pid-ns" in self.names:
+            _check("pid-ns", "unshare(CLONE_NEWPID)", _libc.unshare(CLONE_NEWPID))
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(child_end.fileno(), chan_fd, inheritable=False)  # the worker code's channel, now to the keeper
+            keeper_end.close()
+            child_end.close()
+            _prctl("pid-ns", "die with the keeper", PR_SET_PDEATHSIG, signal.SIGKILL)
+            return
+        child_end.close()
+        try:
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+            # The worker's file size limit stays: the call could not write a larger file either.
+            _, most = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (most, most))
+            overlay.Keeper(socket.socket(fileno=chan_fd), keeper_end, pid, upper + "/upper", workspace, quota,
+                           self.config.max_result_kb).run()
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                traceback.print_exc()
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        os._exit(70)
+
+
+def _channel_fd() -> int:
+    """The worker's channel: the one socket it holds (``executor.worker`` closed every other
+    descriptor but stdio before entering the sandbox)."""
+    sockets = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        with contextlib.suppress(OSError):
+            if fd > 2 and stat.S_ISSOCK(os.fstat(fd).st_mode):
+                sockets.append(fd)
+    if len(sockets) != 1:
+        raise LayerError("filesystem", f"expected one channel socket in a new worker, found {len(sockets)}")
+    return sockets[0]
 
 
 def remove_cpu_groups(tag: str) -> None:
@@ -780,7 +869,8 @@ def _mountpoint(root: str, path: str) -> None:
 
 def check_idmap(workspace: str, uid: int = NOBODY, gid: int = NOBODY) -> str | None:
     """Whether the workspace's filesystem takes the idmapped mount ``--workspace-rw`` needs (not all
-    do, e.g. NFS): tried in a child with a mount namespace of its own. None, or why not."""
+    do, e.g. NFS), and an overlay on top of it (``executor.overlay``): tried in a child with a mount
+    namespace of its own. None, or why not."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -792,6 +882,11 @@ def check_idmap(workspace: str, uid: int = NOBODY, gid: int = NOBODY) -> str | N
             st = os.stat(workspace)
             userns = _idmap_userns((st.st_uid, uid), (st.st_gid, gid))
             _idmapped_bind(workspace, workspace, userns)
+            _mount("tmpfs", STAGE, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0700")  # only in this namespace
+            for name in ("upper", "work"):
+                os.mkdir(f"{STAGE}/{name}")
+            _mount("overlay", workspace, "overlay", MS_NOSUID | MS_NODEV,
+                   f"lowerdir={workspace},upperdir={STAGE}/upper,workdir={STAGE}/work,{overlay.OVERLAY_OPTIONS}")
         except BaseException as e:
             message = str(e).encode()[:1000]
         os.write(w, message)

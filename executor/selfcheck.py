@@ -41,6 +41,7 @@ CALL_TIMEOUT = 20.0
 STOP_TIMEOUT = 10.0
 MEMORY_MB = 128
 PROCESSES = 32
+QUOTA_MB = 16  # --workspace-quota of the executor under test with --workspace-rw (its writes are in memory)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -144,6 +145,22 @@ def write_dev_shm(name: str, mb: int) -> str:
                 f.write(b"\0" * (1 << 20))
         return f"wrote {mb} MiB"
     return _attempt(write)
+
+
+@tool
+def fill_workspace(directory: str, mb: int) -> str:
+    """Write ``mb`` MiB into ``directory`` as 1 MiB files, then as many 4 KiB ones, until refused."""
+    written = 0
+
+    def fill() -> str:
+        nonlocal written
+        for size, count in ((1 << 20, mb), (4096, mb * 256)):
+            for i in range(count):
+                with open(os.path.join(directory, f"fill-{size}-{i}"), "wb") as f:
+                    f.write(b"\0" * size)
+                written += size
+        return f"wrote {written >> 20} MiB"
+    return _attempt(fill)
 
 
 @tool
@@ -609,6 +626,10 @@ ATTEMPTS: tuple[Attempt, ...] = (
             "make_special", lambda c: {"directory": c.workspace}, _errno_in("EPERM", "EACCES"), mode="rw"),
     Attempt("seccomp", "leave a set-user-ID file in the workspace (--workspace-rw)", "EPERM", "make_setuid_file",
             lambda c: {"directory": c.workspace}, _errno_in("EPERM"), mode="rw"),
+    Attempt("filesystem", f"fill the disk through the workspace (--workspace-rw, {4 * QUOTA_MB} MiB at a "
+            f"{QUOTA_MB} MiB quota)", "error kind output_limit; workspace within its quota", "fill_workspace",
+            lambda c: {"directory": c.workspace, "mb": 4 * QUOTA_MB}, error_kind="output_limit", mode="rw",
+            host_check=lambda c: _over_quota(c.workspace)),
     Attempt("filesystem, landlock", "write outside scratch (/etc, /usr, /)", "EROFS/EACCES", "write_file",
             lambda c: {"path": "/etc/ciayn-escaped"}),
     Attempt("capabilities", "raise hard rlimits (or soft up to hard)", "EPERM", "raise_rlimits", lambda c: {}),
@@ -686,6 +707,17 @@ def _not_owners(workspace: str, name: str) -> str | None:
     except OSError as e:
         return f"NOT WRITTEN: {e}"
     return None if got == owner else f"owned by uid {got} on the host, not by the workspace's owner ({owner})"
+
+
+def _over_quota(workspace: str) -> str | None:
+    from executor import overlay
+
+    fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        size = overlay.tree_usage(fd)
+    finally:
+        os.close(fd)
+    return None if size <= QUOTA_MB << 20 else f"the workspace holds {size >> 20} MiB, over the {QUOTA_MB} MiB quota"
 
 
 def _shm_left(token: str) -> str | None:
@@ -870,6 +902,9 @@ class Target:
         shutil.rmtree(self.top, ignore_errors=True)
 
 
+RW_EXTRA = ("--workspace-rw", "--workspace-quota", str(QUOTA_MB))  # the executor under test with --workspace-rw
+
+
 def attempts(workspace_rw: bool = False) -> list[Attempt]:
     """The attempts for a read-only workspace, or for ``--workspace-rw``."""
     skip = "ro" if workspace_rw else "rw"
@@ -879,17 +914,18 @@ def attempts(workspace_rw: bool = False) -> list[Attempt]:
 def run(quiet: bool = True, workspace_rw: bool = False) -> list[Row]:
     """Start a hardened executor serving the attempts, run every attempt, stop it, and check the
     host. Returns one row per attempt, then the host checks."""
-    with Target(quiet=quiet, extra=("--workspace-rw",) if workspace_rw else ()) as target:
+    with Target(quiet=quiet, extra=RW_EXTRA if workspace_rw else ()) as target:
         rows = [target.attempt(a) for a in attempts(workspace_rw)]
     return rows + target.host_rows
 
 
 def _busy_worker(template: int, psutil: Any) -> int:
     """The host pid of the worker running the long ``hold`` call (the sibling whose call the others
-    attack): the one asleep in nanosleep, where idle workers wait on their channel."""
+    attack): the one asleep in nanosleep, where idle workers wait on their channel. (With
+    --workspace-rw the template's child is the call's keeper, and the call runs in its child.)"""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        for child in psutil.Process(template).children():
+        for child in psutil.Process(template).children(recursive=True):
             with contextlib.suppress(OSError, psutil.Error), open(f"/proc/{child.pid}/wchan") as f:
                 if "nanosleep" in f.read():
                     return int(child.pid)
@@ -989,7 +1025,7 @@ def start_hardened(args: Any) -> int:
     template this process will fork. Returns 0 to go on, else the exit code."""
     import atexit
 
-    from executor import hardening
+    from executor import hardening, overlay
 
     if getattr(args, "reuse_workers", False):
         print("ciayn-executor: --reuse-workers cannot be used with --profile hardened (every hardened call "
@@ -1004,6 +1040,8 @@ def start_hardened(args: Any) -> int:
     hide += [os.path.abspath(f) for f in (args.curve_secret,) if f]
     config = hardening.HardenedConfig(
         workspace=os.path.abspath(args.workspace or os.getcwd()), workspace_rw=args.workspace_rw,
+        workspace_quota_mb=getattr(args, "workspace_quota", None) or overlay.DEFAULT_QUOTA_MB,
+        max_result_kb=getattr(args, "max_result_kb", None) or hardening.HardenedConfig.max_result_kb,
         hide=tuple(hide), allow_degraded=args.allow_degraded)
     if problem := _workspace_problem(config):
         print(f"ciayn-executor: --profile hardened: {problem}", file=sys.stderr)
@@ -1045,6 +1083,9 @@ def _workspace_problem(config: Any) -> str | None:
     except OSError as e:
         return f"cannot use the workspace: {e}"
     if config.workspace_rw:
+        if unsafe := sorted(set(",:\\") & set(os.path.realpath(config.workspace))):
+            return (f"--workspace-rw: the workspace's path {os.path.realpath(config.workspace)!r} holds "
+                    f"{' '.join(unsafe)}, which an overlay's layer path cannot; choose another --workspace")
         if st.st_mode & 0o700 != 0o700:
             return (f"--workspace-rw: tools act as the owner of the workspace {config.workspace}, who cannot "
                     f"read, write and enter it (mode {st.st_mode & 0o777:o}); chmod u+rwx it")

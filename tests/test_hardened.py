@@ -87,7 +87,7 @@ def test_with_workspace_rw_only_the_workspace_is_written_as_its_owner(rw_target:
 def test_a_workspace_under_tmp_is_shown_on_top_of_the_private_tmp() -> None:
     """A workspace under the host's /tmp is bound into each worker after its own /tmp is mounted
     (read-only, or with --workspace-rw through the idmapped mount the template staged)."""
-    for extra, written in (((), False), (("--workspace-rw",), True)):
+    for extra, written in (((), False), (selfcheck.RW_EXTRA, True)):
         with selfcheck.Target(workers=2, extra=extra, parent="/tmp") as t:
             row = t.attempt(next(a for a in selfcheck.ATTEMPTS if a.tool == "write_file" and a.mode != "any"
                                  and a.mode == ("rw" if written else "ro")))
@@ -98,7 +98,7 @@ def test_a_workspace_under_tmp_is_shown_on_top_of_the_private_tmp() -> None:
 
 @pytest.fixture(scope="module")
 def rw_target() -> Iterator[selfcheck.Target]:
-    with selfcheck.Target(workers=2, extra=("--workspace-rw",)) as t:
+    with selfcheck.Target(workers=2, extra=selfcheck.RW_EXTRA) as t:
         yield t
 
 
