@@ -5,7 +5,6 @@ as data, and the tests judge the host's workspace afterwards."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -81,11 +80,11 @@ def fill(name: str, megabytes: int) -> str:
 
 
 @tool
-def sparse(name: str, gigabytes: int) -> str:
-    """A sparse file of ``gigabytes`` GiB (one byte at the end)."""
+def sparse(name: str, megabytes: int) -> str:
+    """A sparse file of ``megabytes`` MiB (one byte of data at the end)."""
     def make() -> None:
         with open(_path(name), "wb") as f:
-            f.seek((gigabytes << 30) - 1)
+            f.seek((megabytes << 20) - 1)
             f.write(b"!")
     return _try(make)
 
@@ -196,27 +195,34 @@ def racing_writers(threads: int, megabytes: int) -> str:
 
 @tool
 def write_then_crash(name: str, megabytes: int, how: str) -> None:
-    """Write ``name``, then die: ``how`` is 'exit' (os._exit), 'kill' (SIGKILL itself), 'segv'."""
+    """Write ``name``, then die: ``how`` is 'exit' (os._exit), 'abort', or 'segv' (a real fault: as
+    PID 1 of its namespace, signals it sends itself are ignored)."""
     write(name, megabytes=megabytes)
+    _die(how)
+
+
+def _die(how: str) -> None:
     if how == "exit":
         os._exit(3)
     if how == "segv":
-        os.kill(os.getpid(), signal.SIGSEGV)
-    os.kill(os.getpid(), signal.SIGKILL)
+        import ctypes
+
+        ctypes.string_at(0)
+    os.abort()
 
 
 @tool
 def killed_mid_write(name: str) -> None:
-    """A child keeps writing ``name`` while the tool SIGKILLs itself."""
+    """A child keeps writing ``name`` while the tool aborts."""
     subprocess.Popen([sys.executable, "-c", f"f = open({_path(name)!r}, 'wb')\nwhile True: f.write(b'w' * 65536)"])
     time.sleep(0.3)
-    os.kill(os.getpid(), signal.SIGKILL)
+    _die("abort")
 
 
 @tool
 def write_after_return(name: str) -> str:
     """Leave a detached child that writes ``name`` a moment after the call returned."""
-    code = f"import os, time\nos.setsid()\ntime.sleep(0.5)\nopen({_path(name)!r}, 'w').write('late')"
+    code = f"import time\ntime.sleep(0.5)\nopen({_path(name)!r}, 'w').write('late')"
     subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     return "left a writer"
 

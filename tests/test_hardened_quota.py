@@ -1,0 +1,291 @@
+"""``serve --profile hardened --workspace-rw``: each call's writes are a transaction bounded by
+``--workspace-quota`` (``executor.overlay``). A real hardened executor (real namespaces, overlay,
+tmpfs, seccomp, Landlock) serves ``tests/tools/workspace_filler.py``; every hostile way of filling
+the disk is tried, and the host's workspace is judged afterwards. They need root and the kernel's
+layers; elsewhere they skip, naming what is missing (on CI, as root, a missing layer fails)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import require_layer
+
+from controller import ExecutorClient
+from executor import hardening, overlay
+from protocol import Result
+
+TOOLS = str(Path(__file__).parent / "tools" / "workspace_filler.py")
+QUOTA_MB = 8
+OWNER = 4242  # the workspace's owner on the host: what the tools act as, and what applied files belong to
+MISSING = hardening.probe_all()
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[bytes]
+    client: ExecutorClient
+    workspace: Path
+    top: Path
+
+    def call(self, text: str, timeout: float | None = None) -> Result:
+        return self.client.call_text(text, timeout=timeout)
+
+    def usage(self) -> int:
+        fd = os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            return overlay.tree_usage(fd)
+        finally:
+            os.close(fd)
+
+
+def _host_state() -> dict[str, list[str]]:
+    with open("/proc/self/mountinfo") as f:
+        mounts = sorted(line.split()[4] for line in f)
+    return {"mounts": mounts, "shm": sorted(os.listdir("/dev/shm")),
+            "tmp": sorted(n for n in os.listdir("/tmp") if "ciayn-apply" in n or "upper" in n)}
+
+
+def _added(before: dict[str, list[str]], after: dict[str, list[str]]) -> dict[str, list[str]]:
+    """What appeared since ``before`` (other tests on this machine may remove things meanwhile)."""
+    return {k: sorted(set(v) - set(before[k])) for k, v in after.items() if set(v) - set(before[k])}
+
+
+def _start(top: Path, workspace: Path, quota_mb: int = QUOTA_MB) -> Served:
+    sockdir = top / "run"
+    sockdir.mkdir(mode=0o700)
+    sock = sockdir / "executor.sock"
+    cmd = [sys.executable, "-m", "executor.cli", "serve", "--profile", "hardened", "--skip-selfcheck",
+           "--workspace-rw", "--workspace-quota", str(quota_mb), "--tools", TOOLS, "--bind", f"ipc://{sock}",
+           "--workspace", str(workspace), "--workers", "2", "--timeout", "20", "--memory-mb", "256",
+           "--parent-pid", str(os.getpid()), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the hardened executor did not start: {proc.communicate()[1].decode()[-2000:]}")
+        time.sleep(0.02)
+    return Served(proc, ExecutorClient(f"ipc://{sock}", timeout=60), workspace, top)
+
+
+def _stop(served: Served) -> None:
+    served.client.close()
+    served.proc.terminate()
+    try:
+        served.proc.wait(15)
+    except subprocess.TimeoutExpired:
+        served.proc.kill()
+        served.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    require_layer(not MISSING, f"this machine lacks hardened layers: {MISSING}")
+    top = Path(tempfile.mkdtemp(prefix="ciayn-quota-", dir="/var/tmp"))  # not under /tmp: see selfcheck.Target
+    top.chmod(0o755)
+    workspace = top / "workspace"
+    workspace.mkdir()
+    os.chown(workspace, OWNER, OWNER)
+    problem = hardening.check_idmap(str(workspace))
+    require_layer(problem is None, f"the workspace's filesystem takes no idmapped overlay: {problem}")
+    s = _start(top, workspace)
+    yield s
+    _stop(s)
+    shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture
+def ws(served: Served) -> Served:
+    """The module's executor with an empty workspace (emptied from the host, between calls)."""
+    for child in served.workspace.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+    return served
+
+
+def _refused(result: Result) -> str:
+    assert not result.ok and result.error is not None, result
+    assert result.error.kind == "output_limit", result.error
+    assert "discarded" in result.error.message, result.error.message
+    return result.error.message
+
+
+# --- what a well-behaved tool sees --------------------------------------------------------------------
+
+
+def test_small_writes_land_in_the_workspace_as_its_owner_and_the_next_call_sees_them(ws: Served) -> None:
+    result = ws.call('write(name="notes/a.txt", text="hello")')
+    assert result.ok and result.value == 5, result
+    host = ws.workspace / "notes" / "a.txt"
+    assert host.read_text() == "hello"  # on the host before the result came back
+    assert (host.stat().st_uid, host.stat().st_gid) == (OWNER, OWNER)
+    assert (ws.workspace / "notes").stat().st_uid == OWNER
+    assert ws.call('read(name="notes/a.txt")').value == "hello"
+    assert ws.call('write(name="notes/a.txt", text="again")').ok
+    assert ws.call('read(name="notes/a.txt")').value == "again"
+    assert ws.call('remove(name="notes")').value == "done"
+    assert not (ws.workspace / "notes").exists()
+    assert ws.call('listing()').value == []
+
+
+def test_a_call_that_writes_more_than_the_quota_gets_output_limit_and_changes_nothing(ws: Served) -> None:
+    (ws.workspace / "kept.txt").write_text("the host's")
+    before = ws.usage()
+    message = _refused(ws.call(f'fill(name="big", megabytes={3 * QUOTA_MB})'))
+    assert f"quota of {QUOTA_MB} MB" in message and "--workspace-quota" in message
+    assert not (ws.workspace / "big").exists() and (ws.workspace / "kept.txt").read_text() == "the host's"
+    assert ws.usage() == before
+    assert ws.call('read(name="big")').value == "missing"
+
+
+def test_the_quota_is_on_the_workspace_after_the_call_and_deletes_make_room(ws: Served) -> None:
+    for name in ("one", "two"):
+        assert ws.call(f'write(name="{name}", megabytes=3)').ok
+    _refused(ws.call('write(name="three", megabytes=3)'))  # 9 MB > 8 MB
+    assert sorted(p.name for p in ws.workspace.iterdir()) == ["one", "two"]
+    assert ws.call('remove(name="one")').value == "done"
+    assert ws.call('write(name="three", megabytes=3)').ok
+    assert sorted(p.name for p in ws.workspace.iterdir()) == ["three", "two"]
+    assert ws.usage() <= QUOTA_MB << 20
+
+
+# --- hostile tools --------------------------------------------------------------------------------------
+
+
+def test_many_small_files_count_a_block_each_and_the_file_count_is_capped(ws: Served) -> None:
+    result = ws.call("many_files(directory='small', count=5000, size=1)")  # 5000 x 4 KiB > 8 MiB
+    _refused(result)
+    assert not (ws.workspace / "small").exists()
+    assert ws.call("many_files(directory='small', count=100, size=1)").ok
+    assert len(list((ws.workspace / "small").iterdir())) == 100
+
+
+def test_a_huge_directory_stops_at_the_layers_file_cap(ws: Served) -> None:
+    cap = (QUOTA_MB << 20) // overlay.BLOCK + 16
+    result = ws.call(f"wide(directory='wide', count={2 * cap})")
+    _refused(result)
+    assert not (ws.workspace / "wide").exists()
+
+
+def test_a_sparse_file_counts_at_its_full_size(ws: Served) -> None:
+    _refused(ws.call("sparse(name='holes', megabytes=64)"))  # 4 KiB of data, 64 MiB apparent
+    assert not (ws.workspace / "holes").exists()
+
+
+def test_hard_links_count_once_per_name(ws: Served) -> None:
+    _refused(ws.call("hard_links(name='linked', megabytes=1, links=12)"))  # 13 names x 1 MiB
+    assert list(ws.workspace.iterdir()) == []
+    assert ws.call("hard_links(name='linked', megabytes=1, links=2)").value == "linked 2"
+    names = sorted(p.name for p in ws.workspace.iterdir())
+    assert names == ["linked", "linked.link0", "linked.link1"]
+    assert len({(ws.workspace / n).stat().st_ino for n in names}) == 3  # applied as separate files
+
+
+def test_symbolic_links_are_applied_as_links_and_never_followed(ws: Served, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("untouched")
+    result = ws.call(f"symlinks(pairs={{'out': {str(outside)!r}, 'etc': '/etc', 'loop': 'loop'}})")
+    assert result.ok and all(r.startswith("denied") for r in result.value), result.value
+    assert os.readlink(ws.workspace / "out") == str(outside) and os.readlink(ws.workspace / "etc") == "/etc"
+    assert outside.read_text() == "untouched"
+    result = ws.call("write(name='etc/ciayn-escaped', text='x')")  # through the link applied last call
+    assert not result.ok and not Path("/etc/ciayn-escaped").exists()
+    # replaced by a directory holding a file: the link is removed, never written through
+    assert ws.call("remove(name='etc')").value == "done"
+    assert ws.call("write(name='etc/inside', text='in the workspace')").ok
+    assert (ws.workspace / "etc").is_dir() and not (ws.workspace / "etc").is_symlink()
+    assert (ws.workspace / "etc" / "inside").read_text() == "in the workspace"
+
+
+def test_fifos_sockets_and_devices_cannot_be_made(ws: Served) -> None:
+    result = ws.call("special_files()")
+    assert result.ok and all(r.startswith("denied") for r in result.value), result.value
+    assert list(ws.workspace.iterdir()) == []
+
+
+def test_renames_are_applied_and_a_directory_rename_is_a_copy(ws: Served) -> None:
+    assert ws.call("write(name='src/a.txt', text='moved')").ok
+    assert ws.call("rename(old='src', new='dst')").value == "done"
+    assert not (ws.workspace / "src").exists() and (ws.workspace / "dst" / "a.txt").read_text() == "moved"
+    assert ws.call("rename(old='dst/a.txt', new='b.txt')").value == "done"
+    assert (ws.workspace / "b.txt").read_text() == "moved" and list((ws.workspace / "dst").iterdir()) == []
+
+
+def test_directories_nested_too_deep_are_refused(ws: Served) -> None:
+    message = _refused(ws.call(f"deep(depth={overlay.MAX_DEPTH + 20})"))
+    assert f"nested more than {overlay.MAX_DEPTH} deep" in message
+    assert list(ws.workspace.iterdir()) == []
+    assert ws.call("deep(depth=20)").ok
+    assert (ws.workspace / "/".join(["d"] * 20)).is_dir()
+
+
+def test_racing_writers_cannot_pass_the_quota_together(ws: Served) -> None:
+    _refused(ws.call(f"racing_writers(threads=4, megabytes={QUOTA_MB})"))
+    assert list(ws.workspace.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", ["exit", "abort", "segv"])
+def test_a_call_that_writes_then_crashes_changes_nothing(ws: Served, how: str) -> None:
+    result = ws.call(f"write_then_crash(name='crash-{how}', megabytes=1, how='{how}')")
+    assert not result.ok and result.error is not None and result.error.kind == "crashed", result.error
+    assert list(ws.workspace.iterdir()) == []
+
+
+def test_a_call_killed_while_a_child_writes_changes_nothing(ws: Served) -> None:
+    result = ws.call("killed_mid_write(name='stream')")
+    assert not result.ok and result.error is not None and result.error.kind == "crashed", result.error
+    assert list(ws.workspace.iterdir()) == []
+
+
+def test_a_timed_out_call_changes_nothing(ws: Served) -> None:
+    result = ws.call("hang_after_write(name='slow')", timeout=2)
+    assert not result.ok and result.error is not None and result.error.kind == "timeout", result.error
+    assert list(ws.workspace.iterdir()) == []
+
+
+def test_a_writer_left_behind_after_the_call_writes_nothing(ws: Served) -> None:
+    assert ws.call("write_after_return(name='late')").ok
+    deadline = time.monotonic() + 2.0  # the writer would have written after 0.5 s
+    while time.monotonic() < deadline:
+        assert not (ws.workspace / "late").exists()
+        time.sleep(0.05)
+    assert ws.call("read(name='late')").value == "missing"
+
+
+# --- the host after the executor --------------------------------------------------------------------
+
+
+def test_nothing_is_left_mounted_or_in_tmp_or_dev_shm_after_the_executor_stops(served: Served) -> None:
+    top = Path(tempfile.mkdtemp(prefix="ciayn-quota-", dir="/var/tmp"))
+    top.chmod(0o755)
+    workspace = top / "workspace"
+    workspace.mkdir()
+    before = _host_state()
+    s = _start(top, workspace)
+    try:
+        assert s.call("write(name='kept', text='x')").ok
+        _refused(s.call(f"fill(name='big', megabytes={2 * QUOTA_MB})"))
+        s.call("hang_after_write(name='slow')", timeout=1)
+        s.call("write_after_return(name='late')")
+        pid = s.proc.pid
+    finally:
+        _stop(s)
+    deadline = time.monotonic() + 10  # the kernel tears namespaces down after the processes are gone
+    while (left := _added(before, _host_state())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, left
+    assert not psutil.pid_exists(pid)
+    assert sorted(p.name for p in workspace.iterdir()) == ["kept"]  # no temporary file of an apply
+    shutil.rmtree(top, ignore_errors=True)
