@@ -309,6 +309,15 @@ class _Frames:
         return frame
 
 
+def _has_children(pid: int) -> bool:
+    """Whether ``pid`` has a child (running or not yet reaped), from /proc: any of its threads'."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{tid}/children") as f:
+            if f.read().strip():
+                return True
+    return False
+
+
 def _reply_cap(limits: Limits) -> int:
     from executor.worker import reply_cap  # imported late: executor.worker imports this module's importer
 
@@ -345,6 +354,7 @@ class Keeper:
         for fd in (self.chan.fileno(), self.inner.fileno(), pidfd):
             poller.register(fd, select.POLLIN)
         inner_open = True
+        status: int | None = None  # the child's wait status, once it is gone
         while True:
             fds = {fd for fd, _ in poller.poll()}
             if self.chan.fileno() in fds and not self._from_supervisor():
@@ -353,13 +363,34 @@ class Keeper:
             if inner_open and self.inner.fileno() in fds and not self._from_child():
                 poller.unregister(self.inner.fileno())
                 inner_open = False
-            if pidfd in fds:
+            if self.held and not self.passthrough:  # its answer (or what stands for it) is in
+                status = self._stop_call()
                 break
-        _, status = os.waitpid(self.child, 0)
-        while inner_open and self._from_child(block=False):  # what it sent before it died
+            if pidfd in fds:
+                _, status = os.waitpid(self.child, 0)
+                break
+        while inner_open and self._from_child(block=False):  # what it sent before it stopped or died
             pass
-        self._finish(status)
+        self._finish()
+        if status is None or os.WIFSTOPPED(status):  # stopped for the commit: it was about to exit anyway
+            self._kill_child()
+            os._exit(0)
         self._exit_like(status)
+
+    def _stop_call(self) -> int | None:
+        """The child answered: make sure no process of the call runs any more before its changes are
+        read. SIGSTOP it (it cannot be caught; a group stop completes once every thread is out of its
+        system call); if it has no child, nothing else of the call exists (PID 1 of its namespace, it
+        inherits every orphan), so it stays stopped until the answer is sent, and its exit, which
+        takes milliseconds (a forked address space, namespaces to tear down), is off the call's path.
+        Otherwise it is killed with its namespace and waited for. Returns its wait status."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.child, signal.SIGSTOP)
+        _, status = os.waitpid(self.child, os.WUNTRACED)
+        if os.WIFSTOPPED(status) and _has_children(self.child):
+            self._kill_child()
+            return None
+        return status
 
     def _from_supervisor(self) -> bool:
         data = self.chan.recv(_READ)
@@ -415,10 +446,11 @@ class Keeper:
             return None
         return reply if reply.seq == self.request.seq else None
 
-    def _finish(self, status: int) -> None:
-        """The child is gone (and, PID 1 of its namespace, all it started): commit, then answer."""
+    def _finish(self) -> None:
+        """Every process of the call is stopped or gone: commit if the child answered the request in
+        flight (a death after its answer does not undo it), then forward its frames."""
         reply = self._reply()
-        if reply is not None and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0:
+        if reply is not None:
             try:
                 problem = commit(self.upper, self.workspace, self.quota)
             except OSError as e:

@@ -10,7 +10,12 @@
 ``bench()`` returns the figures (a combined bench script imports it); run as a script it writes
 them to bench-results/hardened.json. Needs root (the hardened profile does).
 
-Usage: .venv/bin/python scripts/bench_hardened.py [--calls N] [--seconds S] [--out PATH]
+With ``--workspace-rw`` it measures that option instead (``bench_workspace_rw()``, written to
+bench-results/hardened_workspace_rw.json): a hardened no-op call's p50 at low load with and without
+it, the time to apply a call's changes (100 files, 10 MB in all) to the workspace, timed on the
+applier alone and end to end.
+
+Usage: .venv/bin/python scripts/bench_hardened.py [--calls N] [--seconds S] [--workspace-rw] [--out PATH]
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from executor import hardening  # noqa: E402
+from executor import hardening, overlay  # noqa: E402
 from executor.cgroups import CgroupSupport  # noqa: E402
 from executor.selfcheck import _Client  # noqa: E402
 
@@ -43,12 +48,13 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def _serve(profile: str, workdir: str, workers: int) -> tuple[subprocess.Popen[bytes], _Client]:
+def _serve(profile: str, workdir: str, workers: int,
+           extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], _Client]:
     sockdir = tempfile.mkdtemp(prefix="ciayn-bench-sock-")  # mode 0700: the executor refuses any other
     sock = os.path.join(sockdir, f"{profile}.sock")
     cmd = [sys.executable, "-m", "executor.cli", "serve", "--tools", "executor.selfcheck", "--bind", f"ipc://{sock}",
            "--workers", str(workers), "--profile", profile, "--log-level", "warning", "--workspace", workdir,
-           "--parent-pid", str(os.getpid())]
+           "--parent-pid", str(os.getpid()), *extra]
     if profile == "hardened":
         cmd.append("--skip-selfcheck")  # measured apart; the bench wants the serving cost
     proc = subprocess.Popen(cmd, cwd=workdir)
@@ -194,12 +200,110 @@ def bench(calls: int = 200, seconds: float = 5.0, workers: int = 2, rounds: int 
     return out
 
 
+FILLER = str(ROOT / "tests" / "tools" / "workspace_filler.py")  # writes the workspace
+APPLY_FILES, APPLY_BYTES = 100, 10 * 1000 * 1000  # one call's changes: 100 files, 10 MB in all
+
+
+def _applies(rounds: int) -> list[float]:
+    """``overlay.commit`` alone, ``rounds`` times, in a child with a mount namespace of its own:
+    an upper layer (tmpfs) holding 100 new files of 100 kB applied to an empty workspace."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        out: Any = []
+        top = tempfile.mkdtemp(prefix="ciayn-bench-apply-", dir="/var/tmp")
+        try:
+            libc = hardening._libc
+            assert libc.unshare(hardening.CLONE_NEWNS) == 0, "unshare(CLONE_NEWNS)"
+            hardening._mount(None, "/", None, hardening.MS_REC | hardening.MS_PRIVATE)
+            for i in range(rounds):
+                upper, workspace = f"{top}/upper{i}", f"{top}/ws{i}"
+                os.makedirs(upper)
+                os.makedirs(workspace)
+                hardening._mount("tmpfs", upper, "tmpfs", 0, "size=64m")
+                data = b"a" * (APPLY_BYTES // APPLY_FILES)
+                for n in range(APPLY_FILES):
+                    with open(f"{upper}/f{n}", "wb") as f:
+                        f.write(data)
+                t0 = time.perf_counter()
+                problem = overlay.commit(upper, workspace, 1 << 30)
+                out.append(time.perf_counter() - t0)
+                assert problem is None and len(os.listdir(workspace)) == APPLY_FILES, problem
+        except BaseException as e:
+            out = {"error": repr(e)}
+        shutil.rmtree(top, ignore_errors=True)
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    os.waitpid(pid, 0)
+    result = json.loads(b"".join(chunks))
+    if isinstance(result, dict):
+        raise RuntimeError(result["error"])
+    return [float(t) for t in result]
+
+
+def bench_workspace_rw(calls: int = 200, rounds: int = 20, workers: int = 2) -> dict[str, Any]:
+    """What ``--workspace-rw`` costs under the hardened profile, side by side in one run."""
+    missing = hardening.probe_all()
+    if missing:
+        raise RuntimeError(f"the hardened profile needs layers this machine lacks: {missing}")
+    workdir = tempfile.mkdtemp(prefix="ciayn-bench-rw-", dir="/var/tmp")
+    os.chmod(workdir, 0o755)
+    out: dict[str, Any] = {"machine": {"cores": os.cpu_count(), "kernel": os.uname().release}}
+    write = ("many_files", {"directory": "", "count": APPLY_FILES, "size": APPLY_BYTES // APPLY_FILES})
+    try:
+        for name, extra in (("hardened", ()), ("hardened_workspace_rw", ("--workspace-rw",))):
+            proc, client = _serve("hardened", workdir, workers, ("--tools", FILLER, *extra))
+            try:
+                out[name] = {"low_load_noop": _low_load(client, calls)}
+                if extra:
+                    times, walls = [], []
+                    for i in range(rounds):
+                        time.sleep(LOW_LOAD_GAP)
+                        t0 = time.perf_counter()
+                        result = client.call(write[0], {**write[1], "directory": f"round{i}"})
+                        times.append(time.perf_counter() - t0)
+                        assert result.ok, result.error
+                        walls.append(result.stats.wall_s)
+                    out[name]["write_100_files_10mb"] = {
+                        "p50_ms": statistics.median(times) * 1000, "p90_ms": _pct(times, 0.9) * 1000,
+                        "tool_p50_ms": statistics.median(walls) * 1000, "calls": rounds}
+            finally:
+                client.close()
+                proc.terminate()
+                proc.wait(10)
+        applies = _applies(rounds)
+        out["apply_100_files_10mb"] = {"p50_ms": statistics.median(applies) * 1000,
+                                       "p90_ms": _pct(applies, 0.9) * 1000, "rounds": rounds}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    out["noop_p50_ratio"] = (out["hardened_workspace_rw"]["low_load_noop"]["p50_ms"]
+                             / out["hardened"]["low_load_noop"]["p50_ms"])
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=200, help="low-load calls per profile (default: 200)")
     parser.add_argument("--seconds", type=float, default=5.0, help="sustained-load duration (default: 5)")
-    parser.add_argument("--out", default=str(ROOT / "bench-results" / "hardened.json"))
+    parser.add_argument("--workspace-rw", action="store_true",
+                        help="measure --workspace-rw (its own results file) instead of the profiles")
+    parser.add_argument("--out", default=None, help="results file (default: bench-results/hardened.json, or "
+                        "hardened_workspace_rw.json with --workspace-rw)")
     args = parser.parse_args()
+    if args.workspace_rw:
+        rw = bench_workspace_rw(args.calls)
+        out = Path(args.out or ROOT / "bench-results" / "hardened_workspace_rw.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rw, indent=2) + "\n")
+        print(json.dumps(rw, indent=2))
+        return 0
+    args.out = args.out or str(ROOT / "bench-results" / "hardened.json")
     result = bench(args.calls, args.seconds)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

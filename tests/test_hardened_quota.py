@@ -264,6 +264,19 @@ def test_a_writer_left_behind_after_the_call_writes_nothing(ws: Served) -> None:
     assert ws.call("read(name='late')").value == "missing"
 
 
+def test_a_thread_still_writing_when_the_call_answers_stops_with_the_answer(ws: Served) -> None:
+    """The keeper stops every process of the call before it reads the call's changes: the workspace
+    holds what was written when the call answered, and nothing more ever after."""
+    assert ws.call("thread_after_return(name='tail')").ok
+    size = (ws.workspace / "tail").stat().st_size
+    assert 0 < size <= QUOTA_MB << 20
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        assert (ws.workspace / "tail").stat().st_size == size
+        time.sleep(0.05)
+    assert ws.call("read(name='tail')").value == "t" * size
+
+
 # --- the host after the executor --------------------------------------------------------------------
 
 

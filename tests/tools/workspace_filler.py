@@ -228,6 +228,21 @@ def write_after_return(name: str) -> str:
 
 
 @tool
+def thread_after_return(name: str) -> str:
+    """Leave a thread appending to ``name`` (64 KiB at a time) while the worker answers."""
+    def append() -> None:
+        with open(_path(name), "ab") as f:
+            while True:
+                f.write(b"t" * 65536)
+                f.flush()
+                time.sleep(0.001)
+
+    threading.Thread(target=append, daemon=True).start()
+    time.sleep(0.05)
+    return "left a writing thread"
+
+
+@tool
 def hang_after_write(name: str) -> None:
     """Write ``name``, then sleep past the call's timeout."""
     write(name, text="before the timeout")
