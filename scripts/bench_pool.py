@@ -3,20 +3,28 @@ for a tool that sleeps 10 ms, with 1, 4 and 8 controller processes (each an ``Ex
 sharing the load. Closed loop: the controllers keep twice as many calls in flight as there are
 workers, split between them, and count the calls completed inside a common window.
 
-Today the workers are those of one executor (``serve --workers N``); once ``ciayn-executor
-broker`` exists, the same figure is taken through a broker over tcp with two executors sharing the
-N workers (``serve --connect``)."""
+Through a broker over tcp with two executors sharing the N workers (``serve --connect``) when the
+broker exists, else with one executor (``serve --workers N``).
+
+Where the CPU goes: at the most workers, the sleeping tool's window with every controller is also
+measured in CPU seconds per call of each part (controllers, broker, executors' supervisors, their
+workers and templates, reaped ones included). On a machine shared with other work the calls/s figures
+say more about the load than the pool; ``cpu_bound_scaling`` does not: it is the scaling the machine's
+cores would allow if the pool had them to itself (cores / CPU per call, over linear)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import subprocess
 import time
 from typing import Any
 
+import psutil
 from bench_contestants import read_line, start_peer, stop_peer
-from bench_executors import brokered, direct
+from bench_executors import Running, brokered, direct
 from bench_features import Features
 from bench_record import log, measured
 from bench_sizes import Sizes
@@ -58,6 +66,47 @@ class Controllers:
             stop_peer(proc)
 
 
+def _tree_cpu_s(proc: psutil.Process) -> float:
+    """CPU seconds of ``proc`` and its descendants, those already reaped included."""
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def _cpu_s(running: Running, controllers: list[int], via_broker: bool) -> dict[str, float]:
+    """CPU seconds used so far by each part of the pool and by the controllers."""
+    def own(pid: int) -> float:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            return 0.0
+        return float(t.user + t.system)
+
+    supervisors = running.roots[1:] if via_broker else running.roots
+    parts = {"controllers": sum(own(pid) for pid in controllers),
+             "broker": own(running.roots[0]) if via_broker else 0.0,
+             "supervisors": sum(own(pid) for pid in supervisors)}
+    trees = 0.0
+    for pid in supervisors:
+        with contextlib.suppress(psutil.Error):
+            trees += _tree_cpu_s(psutil.Process(pid))
+    parts["workers"] = trees - parts["supervisors"]  # and their templates
+    return parts
+
+
+def _cpu_per_call(before: dict[str, float], after: dict[str, float], calls: float, workers: int) -> dict[str, Any]:
+    per_call = {k: round((after[k] - before[k]) / max(calls, 1.0) * 1e6) for k in before}
+    total = sum(per_call.values())
+    cores = len(os.sched_getaffinity(0))
+    return {"workers": workers, "us": per_call, "total_us": total,
+            "cpu_bound_scaling": round(cores * 1e6 / max(total, 1) / (workers / SLEEP_S), 3)}
+
+
 def _scaling(rates: dict[str, list[float]], workers: tuple[int, ...]) -> dict[str, list[float | None]]:
     """calls/s at N workers over N x calls/s at one worker, per controller count."""
     return {c: [round(rate / (w * series[0]), 3) if series[0] else None
@@ -73,7 +122,9 @@ def run(features: Features, sizes: Sizes) -> dict[str, Any]:
         f"{list(sizes.pool_controllers)}")
     series: dict[str, dict[str, dict[str, list[float]]]] = {
         mode: {tool: {str(c): [] for c in sizes.pool_controllers} for tool in TOOLS} for mode in modes}
+    cpu: dict[str, dict[str, Any]] = {}
     controllers = Controllers(max(sizes.pool_controllers))
+    pids = [p.pid for p in controllers.procs]
     try:
         for mode, extra in modes.items():
             for workers in sizes.pool_workers:
@@ -83,9 +134,17 @@ def run(features: Features, sizes: Sizes) -> dict[str, Any]:
                                        sizes.pool_warmup_s, sizes.pool_window_s / 4)  # connect every controller
                     for tool in TOOLS:
                         for c in sizes.pool_controllers:
+                            measure = tool == "nap" and workers == max(sizes.pool_workers) and \
+                                c == max(sizes.pool_controllers)
+                            before, started = _cpu_s(running, pids, features.broker), time.monotonic()
                             answers = controllers.window(c, running.endpoint, tool, 2 * workers,
                                                          sizes.pool_warmup_s, sizes.pool_window_s)
-                            series[mode][tool][str(c)].append(round(sum(a["rate"] for a in answers), 1))
+                            rate = sum(a["rate"] for a in answers)
+                            series[mode][tool][str(c)].append(round(rate, 1))
+                            if measure:  # the window's rate over the whole measurement: about the calls made
+                                calls = rate * (time.monotonic() - started - sizes.pool_warmup_s)
+                                cpu[mode] = _cpu_per_call(before, _cpu_s(running, pids, features.broker), calls,
+                                                          workers)
     finally:
         controllers.close()
 
@@ -95,7 +154,8 @@ def run(features: Features, sizes: Sizes) -> dict[str, Any]:
         efficiency = _scaling(by_tool["nap"], sizes.pool_workers)
         worst = min((e for effs in efficiency.values() for e in effs if e is not None), default=None)
         results[mode] = {"calls_per_s": {"noop": by_tool["noop"], "sleep_10ms": by_tool["nap"]},
-                         "sleep_10ms_scaling_vs_1_worker": efficiency, "sleep_10ms_worst_scaling": worst}
+                         "sleep_10ms_scaling_vs_1_worker": efficiency, "sleep_10ms_worst_scaling": worst,
+                         "sleep_10ms_cpu_per_call": cpu.get(mode)}
         targets[f"sleep_10ms_worst_scaling, {mode} (issues 12, 14)"] = {
             "value": worst, "at_least": 0.85, "met": None if worst is None else worst >= 0.85}
     return measured(
