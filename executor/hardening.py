@@ -17,6 +17,11 @@ seccomp deny-list (classic BPF built once here: no libseccomp needed, and ``clon
 checked). bubblewrap or nsjail would cost an exec per worker, and with it the tool modules the
 template already imported.
 
+With ``--workspace-rw`` the forked worker is the call's *keeper* instead: it stays outside the
+sandbox, mounts the call's upper layer in a mount namespace of its own, and forks the process that
+is PID 1 of the new PID namespace, enters the sandbox and runs the call; afterwards it applies the
+call's writes to the workspace within the quota (``executor.overlay``).
+
 Layer order (each relies on the ones before it):
 
 =============  =====================================================================================
@@ -30,7 +35,9 @@ filesystem     read-only view of what tools need (``/usr``, ``/etc`` without sha
                interpreter, venv and tool modules, the workspace), size-capped tmpfs ``/tmp`` (the
                cwd) and ``/dev/shm``, own ``/proc`` with ``/proc/sys`` read-only, no ``/sys``, no
                home directories, no socket directory of the executor. With ``--workspace-rw`` the
-               workspace is an idmapped mount: in it the tools act as its owner
+               workspace is an overlay on an idmapped mount (in it the tools act as its owner) whose
+               upper layer is the call's own tmpfs, capped at ``--workspace-quota``; the worker's
+               keeper applies it after the call (``executor.overlay``)
 rlimits        hard = soft for the limits not set per call (stack, address space, processes, ...)
 capabilities   bounding, ambient and inheritable sets emptied
 identity       unprivileged uid/gid (default nobody), no supplementary groups

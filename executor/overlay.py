@@ -10,8 +10,9 @@ with ENOSPC). When the call is over, the worker's **keeper** (the process the te
 which forks the sandboxed process that runs the call and stays outside its sandbox) applies the
 upper layer to the real workspace, or discards it:
 
-* applied only if the call ended cleanly: the worker replied and exited on its own. A call that
-  timed out, crashed, was killed (memory, output) or whose reply was malformed changes nothing;
+* applied only if the worker answered the call: a reply to the request in flight reached the
+  keeper. A call that timed out, crashed or was killed (memory, output) before answering, or whose
+  reply was malformed or too large, changes nothing;
 * before anything is applied, the whole change set is checked: only regular files, directories,
   symbolic links and the overlay's own deletion marks (whiteouts, opaque directories) are taken,
   nested at most ``MAX_DEPTH`` deep, and the workspace's size afterwards (``usage``) must stay
@@ -23,13 +24,15 @@ upper layer to the real workspace, or discards it:
   directory descriptor with ``O_NOFOLLOW``;
 * appliers of concurrent calls take turns (``flock`` on the workspace directory).
 
-The keeper holds the call's reply until the sandboxed process has exited (it is PID 1 of its
-namespace, so nothing it started is left either), applies, then forwards the reply, changed to
-the error if the changes were refused. So a result the client holds means the workspace already
-shows (or will never show) the call's writes: the next call sees them.
+The keeper holds the call's reply until no process of the call can run any more (the sandboxed
+process is PID 1 of its namespace: stopped with no child, or dead, nothing of the call is left),
+applies, then forwards the reply, changed to the error if the changes were refused. So a result the
+client holds means the workspace already shows (or will never show) the call's writes: the next
+call sees them, and nothing of the call writes anything afterwards.
 
 Cost: a second fork per worker (ahead of the call), one hop more for the request and the reply,
-and, for a call that wrote something, the copy plus a walk of the workspace to size it. Mounts live
+and, for a call that wrote something, the copy plus a walk of the workspace to size it (a walk
+proportional to the number of files in the workspace). Mounts live
 only in the keeper's and the worker's mount namespaces, which die with them: nothing is left on
 the host by construction (no loop device, no image file, no project quota to set up).
 """
@@ -63,6 +66,8 @@ UPPER = "/.ciayn-upper"  # in the staged root: where the keeper mounts the call'
 WHITEOUT_RDEV = 0  # overlayfs marks a deletion with a character device 0:0
 OPAQUE_XATTR = "trusted.overlay.opaque"  # a directory that hides the lower one of its name
 OVERLAY_OPTIONS = "redirect_dir=off,index=off,metacopy=off,xino=off"  # no metadata-only copy-ups, no redirects
+STOP_WAIT = 5.0  # seconds the keeper waits for an answered call to stop before killing it
+PF_EXITING = 0x4  # a task's flag from the start of its exit
 _HEADER = struct.Struct("!I")
 _READ = 1 << 16
 
@@ -309,6 +314,19 @@ class _Frames:
         return frame
 
 
+def _exiting(pid: int) -> bool:
+    """Whether every thread of ``pid`` is in its exit (``PF_EXITING``): none runs code any more."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except FileNotFoundError:
+            continue  # that thread is gone
+        if not int(fields[6]) & PF_EXITING:  # the 9th field, flags
+            return False
+    return True
+
+
 def _has_children(pid: int) -> bool:
     """Whether ``pid`` has a child (running or not yet reaped), from /proc: any of its threads'."""
     for tid in os.listdir(f"/proc/{pid}/task"):
@@ -379,18 +397,26 @@ class Keeper:
 
     def _stop_call(self) -> int | None:
         """The child answered: make sure no process of the call runs any more before its changes are
-        read. SIGSTOP it (it cannot be caught; a group stop completes once every thread is out of its
-        system call); if it has no child, nothing else of the call exists (PID 1 of its namespace, it
-        inherits every orphan), so it stays stopped until the answer is sent, and its exit, which
-        takes milliseconds (a forked address space, namespaces to tear down), is off the call's path.
-        Otherwise it is killed with its namespace and waited for. Returns its wait status."""
+        read. It is sent SIGSTOP (which it cannot catch; a group stop completes once every thread is
+        out of its system call); usually it has already begun to exit (the worker exits right after
+        its reply), so every thread being in its exit (``PF_EXITING``) counts as well. Either way,
+        with no child (PID 1 of its namespace, it inherits every orphan) nothing else of the call
+        exists, and its exit, which takes milliseconds (a forked address space, namespaces to tear
+        down), is left until after the answer. With a child, it is killed with its namespace and
+        waited for. Returns its wait status if it is gone already, else None."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.child, signal.SIGSTOP)
-        _, status = os.waitpid(self.child, os.WUNTRACED)
-        if os.WIFSTOPPED(status) and _has_children(self.child):
-            self._kill_child()
-            return None
-        return status
+        deadline = time.monotonic() + STOP_WAIT
+        while True:
+            pid, status = os.waitpid(self.child, os.WUNTRACED | os.WNOHANG)
+            if pid and not os.WIFSTOPPED(status):
+                return status  # gone, and its namespace with it
+            if (pid or _exiting(self.child)) and not _has_children(self.child):
+                return None
+            if pid or time.monotonic() > deadline:
+                self._kill_child()
+                return None
+            time.sleep(0.0002)
 
     def _from_supervisor(self) -> bool:
         data = self.chan.recv(_READ)
