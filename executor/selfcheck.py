@@ -564,6 +564,12 @@ class Context:
     secret: str
     abstract: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    keeper: int = 0  # --workspace-rw: the sibling's keeper (root, outside its sandbox)
+
+    def executor_pids(self) -> list[int]:
+        """The executor's processes a tool must not reach: supervisor, template, a sibling call
+        (and, with --workspace-rw, that call's keeper)."""
+        return [self.supervisor, self.template, self.sibling, *([self.keeper] if self.keeper else [])]
 
 
 def _denied(observed: Any) -> bool:
@@ -595,7 +601,7 @@ class Attempt:
 
 
 def _targets(c: Context) -> dict[str, Any]:
-    return {"pids": [c.supervisor, c.template, c.sibling]}
+    return {"pids": c.executor_pids()}
 
 
 ATTEMPTS: tuple[Attempt, ...] = (
@@ -606,7 +612,7 @@ ATTEMPTS: tuple[Attempt, ...] = (
     Attempt("seccomp, pid-ns", "read another call's memory via process_vm_readv", "EPERM/ESRCH",
             "process_vm_readv", _targets, _errno_in("EPERM", "ESRCH")),
     Attempt("pid-ns, landlock", "signal the supervisor, the template, a sibling, the controller", "ESRCH/EPERM",
-            "signal_pids", lambda c: {"pids": [c.supervisor, c.template, c.sibling, c.controller]},
+            "signal_pids", lambda c: {"pids": [*c.executor_pids(), c.controller]},
             _errno_in("ESRCH", "EPERM")),
     Attempt("filesystem, cgroup-ns", "move itself out of its control groups (cgroup.procs)", "ENOENT/EROFS",
             "leave_cgroup", lambda c: {}),
@@ -692,7 +698,8 @@ ATTEMPTS: tuple[Attempt, ...] = (
 def _executor_gone(c: Context) -> str | None:
     """After kill -1 inside: the supervisor, the template and the sibling's call must be alive."""
     dead = []
-    for what, pid in (("supervisor", c.supervisor), ("template", c.template), ("sibling worker", c.sibling)):
+    for what, pid in (("supervisor", c.supervisor), ("template", c.template), ("sibling worker", c.sibling),
+                      *((("its keeper", c.keeper),) if c.keeper else ())):
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
@@ -863,7 +870,8 @@ class Target:
             self.ours = (first.executor or "?", f"-{template}-")  # in the names of its control groups
             self.client.send("hold", {"seconds": 300.0}, timeout=300.0)  # cancelled by the shutdown
             self.ctx = Context(endpoint=endpoint, sock_path=sock_path, workspace=workspace, supervisor=self.proc.pid,
-                               template=template, sibling=_busy_worker(template, psutil), controller=os.getpid(),
+                               template=template, sibling=(sibling := _busy_worker(template, psutil)),
+                               keeper=_keeper_of(sibling, template, psutil), controller=os.getpid(),
                                tcp_port=self.tcp.getsockname()[1], udp_port=self.udp.getsockname()[1],
                                token=uuid.uuid4().hex[:12], secret=secret, abstract=abstract_name)
         except BaseException:
@@ -931,6 +939,12 @@ def _busy_worker(template: int, psutil: Any) -> int:
                     return int(child.pid)
         time.sleep(0.02)
     raise RuntimeError("the selfcheck's long call did not start in a worker within 10 s")
+
+
+def _keeper_of(worker: int, template: int, psutil: Any) -> int:
+    """The keeper of a --workspace-rw worker (its parent, a child of the template), else 0."""
+    parent = psutil.Process(worker).ppid()
+    return parent if parent != template else 0
 
 
 def _run_attempt(client: _Client, attempt: Attempt, ctx: Context) -> Row:

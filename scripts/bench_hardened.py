@@ -254,7 +254,8 @@ def bench_workspace_rw(calls: int = 200, rounds: int = 20, workers: int = 2) -> 
         raise RuntimeError(f"the hardened profile needs layers this machine lacks: {missing}")
     workdir = tempfile.mkdtemp(prefix="ciayn-bench-rw-", dir="/var/tmp")
     os.chmod(workdir, 0o755)
-    out: dict[str, Any] = {"machine": {"cores": os.cpu_count(), "kernel": os.uname().release}}
+    out: dict[str, Any] = {"machine": {"cores": os.cpu_count(), "kernel": os.uname().release,
+                                       "load_average_at_start": os.getloadavg()[0]}}
     write = ("many_files", {"directory": "", "count": APPLY_FILES, "size": APPLY_BYTES // APPLY_FILES})
     try:
         for name, extra in (("hardened", ()), ("hardened_workspace_rw", ("--workspace-rw",))):
