@@ -786,7 +786,7 @@ class Sandbox:
             _, most = resource.getrlimit(resource.RLIMIT_NOFILE)
             resource.setrlimit(resource.RLIMIT_NOFILE, (most, most))
             overlay.Keeper(socket.socket(fileno=chan_fd), keeper_end, pid, upper + "/upper", workspace, quota,
-                           self.config.max_result_kb).run()
+                           self.config.max_result_kb, pid_namespace="pid-ns" in self.names).run()
         except BaseException:
             with contextlib.suppress(BaseException):
                 traceback.print_exc()

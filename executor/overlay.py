@@ -356,7 +356,7 @@ class Keeper:
     exits as ``child`` did (same exit code or signal, so the supervisor reports deaths as usual)."""
 
     def __init__(self, chan: socket.socket, inner: socket.socket, child: int, upper: str, workspace: str,
-                 quota: int, max_result_kb: int) -> None:
+                 quota: int, max_result_kb: int, pid_namespace: bool = True) -> None:
         self.chan, self.inner, self.child = chan, inner, child
         self.upper, self.workspace, self.quota = upper, workspace, quota
         self.cap = _reply_cap(Limits(max_result_kb=max_result_kb))
@@ -365,6 +365,7 @@ class Keeper:
         self.from_child = _Frames()
         self.held: list[bytes] = []  # frames of the child after its start, until it exited
         self.passthrough = False  # something we cannot judge: forward as is, apply nothing
+        self.pid_namespace = pid_namespace  # the child is PID 1 of its own (else: --allow-degraded)
 
     def run(self) -> NoReturn:
         pidfd = os.pidfd_open(self.child)
@@ -404,6 +405,11 @@ class Keeper:
         exists, and its exit, which takes milliseconds (a forked address space, namespaces to tear
         down), is left until after the answer. With a child, it is killed with its namespace and
         waited for. Returns its wait status if it is gone already, else None."""
+        if not self.pid_namespace:  # what it started is not bound to it: kill all (orphans come to us)
+            from executor.worker import kill_children
+
+            kill_children(wait=STOP_WAIT)
+            return None
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.child, signal.SIGSTOP)
         deadline = time.monotonic() + STOP_WAIT

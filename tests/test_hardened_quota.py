@@ -22,7 +22,7 @@ from conftest import require_layer
 
 from controller import ExecutorClient
 from executor import hardening, overlay
-from protocol import Result
+from protocol import Call, Result
 
 TOOLS = str(Path(__file__).parent / "tools" / "workspace_filler.py")
 QUOTA_MB = 8
@@ -159,6 +159,15 @@ def test_the_quota_is_on_the_workspace_after_the_call_and_deletes_make_room(ws: 
     assert ws.call('write(name="three", megabytes=3)').ok
     assert sorted(p.name for p in ws.workspace.iterdir()) == ["three", "two"]
     assert ws.usage() <= QUOTA_MB << 20
+
+
+def test_calls_running_side_by_side_cannot_pass_the_quota_together(ws: Served) -> None:
+    """Each alone fits, both do not: their appliers take turns, and the second sees the first's bytes."""
+    futures = [ws.client.submit(Call(tool="write", kwargs={"name": f"side{i}", "megabytes": 5})) for i in range(2)]
+    results = [f.result(timeout=60) for f in futures]
+    assert sorted(r.ok for r in results) == [False, True], results
+    _refused(next(r for r in results if not r.ok))
+    assert len(list(ws.workspace.iterdir())) == 1 and ws.usage() <= QUOTA_MB << 20
 
 
 # --- hostile tools --------------------------------------------------------------------------------------
