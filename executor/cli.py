@@ -92,9 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workspace-rw", action="store_true",
                        help="with --profile hardened: tools may write the workspace, acting as its owner there "
                        "(default: read-only). Each call's writes go to a private layer capped at "
-                       "--workspace-quota and are copied into the workspace when the call ends cleanly; a call "
-                       "that times out, crashes or is killed changes nothing, and one whose changes would take "
-                       "the workspace over the quota gets an output_limit error and changes nothing")
+                       "--workspace-quota and are copied into the workspace once the call has answered, before "
+                       "its result is sent; a call that times out, crashes or is killed first changes nothing, "
+                       "and one whose changes would take the workspace over the quota gets an output_limit "
+                       "error and changes nothing")
     serve.add_argument("--workspace-quota", type=_positive(int), default=1024, metavar="MB",
                        help="with --profile hardened --workspace-rw: the most the workspace may hold after a "
                        "call, in MiB (each file counted at its full size, at least 4 KiB); a call may also "
