@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import zmq
 
-from executor.calls import ANY_DIGEST, RESULT_CACHE_BYTES, AtMostOnce, fingerprint, join
+from executor.calls import ANY_DIGEST, MAX_QUEUE_BYTES, RESULT_CACHE_BYTES, AtMostOnce, fingerprint, join
 from executor.endpoint import EndpointError, RouterEndpoint
 from executor.fairqueue import FairQueue
 from executor.journal import Journal
@@ -82,6 +82,7 @@ RUNNING_GRACE = 10.0  # an executor silent about a call this long past its timeo
 LOCATION_TTL = 120.0  # how long an announced held id routes a resent call to its executor
 MAX_LOCATIONS = 262_144
 UNCLAIMED = b""  # the result cache's owner of answers no client of this run asked for yet
+CLIENT_SHARE = 4  # one client may fill at most 1/CLIENT_SHARE of the queue's bytes
 
 
 class BrokerError(Exception):
@@ -103,6 +104,10 @@ class Job:
     member: Member | None = None
     sent_at: float = 0.0
     tried: list[str] = field(default_factory=list)  # executors it was sent to
+    nbytes: int = 0  # of ``frames``
+
+    def __post_init__(self) -> None:
+        self.nbytes = sum(len(f) for f in self.frames)
 
 
 @dataclass
@@ -139,6 +144,7 @@ class Broker:
         curve_executors: str | None = None,
         max_queue: int = 65536,
         max_queue_per_client: int = 16384,
+        max_queue_bytes: int = MAX_QUEUE_BYTES,
         recovery_s: float = RECOVERY_WINDOW,
         metrics: str | None = None,
         insecure: bool = False,
@@ -152,6 +158,7 @@ class Broker:
         self.curve_executors = curve_executors
         self.max_queue = max_queue
         self.max_queue_per_client = max_queue_per_client
+        self.max_queue_bytes = max_queue_bytes
         self.recovery_s = recovery_s
         self.metrics_address = metrics
         self.insecure = insecure
@@ -383,12 +390,13 @@ class Broker:
             self._answer_now(route, Result.failure(cid, "unknown_tool",
                                                    f"no tool named {call.tool!r} in the pool; available: {names}"))
             return
-        if len(self.waiting) >= self.max_queue or self.waiting.of(route) >= self.max_queue_per_client:
-            self._answer_now(route, Result.failure(cid, "unavailable", "the broker's queue is full "
-                                                   f"({len(self.waiting)} calls); the call did not run"))
-            return
         job = Job(call=call, frames=_encode(call), client=route, waiters=[route], spec=spec,
                   timeout=self._timeout(call, spec), queued_at=now, key=key)
+        full = self._queue_full(job)
+        if full:
+            self._answer_now(route, Result.failure(cid, "unavailable", f"the broker's queue is full ({full}); the "
+                                                   "call did not run"))
+            return
         self.jobs[cid] = job
         self.calls.record(cid, key, now)
         held_by = self.locations.pop(cid, None)
@@ -399,6 +407,23 @@ class Broker:
         if not self.recovering and self._place_earlier(job):
             return
         self.waiting.push(job)
+
+    def _queue_full(self, job: Job) -> str:
+        """Why ``job`` does not fit in the queue ("" if it does): bounded in calls and in encoded bytes,
+        in all and for its client (so that one client's flood leaves room for the others' calls)."""
+        q, mib = self.waiting, 1024**2
+        if len(q) >= self.max_queue:
+            return f"{len(q)} calls waiting"
+        if q.of(job.client) >= self.max_queue_per_client:
+            return f"this client has {q.of(job.client)} calls waiting, its most"
+        if q.bytes + job.nbytes > self.max_queue_bytes:
+            return (f"{q.bytes / mib:.1f} MiB waiting, {job.nbytes / mib:.1f} MiB more would pass its "
+                    f"{self.max_queue_bytes // mib} MiB")
+        share = self.max_queue_bytes // CLIENT_SHARE
+        if q.bytes_of(job.client) and q.bytes_of(job.client) + job.nbytes > share:  # one call always fits
+            return (f"this client has {q.bytes_of(job.client) / mib:.1f} MiB waiting, {job.nbytes / mib:.1f} MiB "
+                    f"more would pass its share, {share / mib:g} MiB")
+        return ""
 
     def _earlier_run(self, job: Job) -> Member | Result | None:
         """For a call an earlier run of the broker sent to an executor (the journal says so): that

@@ -182,6 +182,9 @@ def _add_broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                         "with --curve-secret: an executor sees every call it is sent and answers it)")
     broker.add_argument("--max-queue", type=_positive(int), default=65536,
                         help="calls waiting in the broker before new ones are refused (default: 65536)")
+    broker.add_argument("--max-queue-mb", type=_positive(int), default=1024,
+                        help="encoded calls waiting in the broker before new ones are refused, a quarter of it "
+                        "for any one client (default: 1024)")
     broker.add_argument("--result-cache-mb", type=_positive(int), default=128,
                         help="encoded results kept to answer a resent call id, fair per client: when full, the "
                         "oldest result of the client holding the most goes first (default: 128)")
@@ -309,7 +312,7 @@ def _broker(args: argparse.Namespace) -> int:
         return 2
     broker = Broker(args.frontend, args.backend, curve_secret=args.curve_secret, curve_clients=args.curve_clients,
                     curve_executors=args.curve_executors, max_queue=args.max_queue, recovery_s=args.recovery_s,
-                    cache_bytes=args.result_cache_mb * 1024**2,
+                    max_queue_bytes=args.max_queue_mb * 1024**2, cache_bytes=args.result_cache_mb * 1024**2,
                     metrics=args.metrics_port, insecure=args.insecure, state_dir=args.state_dir)
     try:
         return broker.serve()

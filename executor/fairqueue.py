@@ -5,6 +5,8 @@ executor can run (looking at most ``scan_depth`` calls deep, so a call for a bus
 up the client's others); the client that was served goes to the back of the line. A client whose
 queue was empty goes to the front when it queues again: it has not been served lately. So a client
 flooding calls delays another's by at most one call per free worker.
+
+It counts the encoded bytes waiting, in all and per client, for the broker's bounds.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class Queued(Protocol):
     client: bytes  # whose call it is: the fairness key
     queued_at: float
     timeout: float  # how long it may wait here
+    nbytes: int  # its encoded size
 
 
 J = TypeVar("J", bound=Queued)
@@ -31,6 +34,8 @@ class FairQueue(Generic[J]):
         self.scan_depth = scan_depth
         self.queues: collections.OrderedDict[bytes, collections.deque[J]] = collections.OrderedDict()
         self.size = 0
+        self.bytes = 0
+        self.client_bytes: collections.Counter[bytes] = collections.Counter()
 
     def __len__(self) -> int:
         return self.size
@@ -44,6 +49,17 @@ class FairQueue(Generic[J]):
         q = self.queues.get(client)
         return len(q) if q is not None else 0
 
+    def bytes_of(self, client: bytes) -> int:
+        """How many encoded bytes of calls ``client`` has waiting."""
+        return self.client_bytes.get(client, 0)
+
+    def _count(self, job: J, sign: int) -> None:
+        self.size += sign
+        self.bytes += sign * job.nbytes
+        self.client_bytes[job.client] += sign * job.nbytes
+        if self.client_bytes[job.client] <= 0:
+            del self.client_bytes[job.client]
+
     def push(self, job: J, *, first: bool = False) -> None:
         """Queue ``job`` behind its client's other calls (``first``: ahead of them, e.g. a call to run
         again because its executor died)."""
@@ -55,7 +71,7 @@ class FairQueue(Generic[J]):
             q.appendleft(job)
         else:
             q.append(job)
-        self.size += 1
+        self._count(job, 1)
 
     def take(self, runner: Callable[[J], E | None]) -> tuple[J, E] | None:
         """The next call in turn that ``runner`` finds an executor for, with that executor; None if
@@ -69,7 +85,7 @@ class FairQueue(Generic[J]):
                 if where is None:
                     continue
                 del q[i]
-                self.size -= 1
+                self._count(job, -1)
                 if q:
                     self.queues.move_to_end(client)
                 else:
@@ -86,7 +102,7 @@ class FairQueue(Generic[J]):
             q.remove(job)
         except ValueError:
             return False
-        self.size -= 1
+        self._count(job, -1)
         if not q:
             del self.queues[job.client]
         return True
@@ -105,5 +121,6 @@ class FairQueue(Generic[J]):
                 self.queues[client] = kept  # keeps its place in the line
             else:
                 del self.queues[client]
-        self.size -= len(expired)
+        for j in expired:
+            self._count(j, -1)
         return expired

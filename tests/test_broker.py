@@ -345,6 +345,7 @@ class _Waiting:
     name: str
     queued_at: float = 0.0
     timeout: float = 10.0
+    nbytes: int = 0
 
 
 def test_the_fair_queue_serves_clients_in_turn_and_a_newcomer_first() -> None:
@@ -375,6 +376,67 @@ def test_the_fair_queue_skips_a_call_no_executor_can_take_and_expires_in_one_pas
     assert sorted(j.name for j in q) == ["busy-tool", "fresh"]
     assert q.remove(next(j for j in q if j.name == "fresh")) and not q.remove(_Waiting(b"z", "nobody"))
     assert len(q) == 1 and q.of(b"a") == 1 and q.of(b"b") == 0
+
+
+def test_the_fair_queue_counts_the_bytes_waiting_in_all_and_per_client() -> None:
+    q: FairQueue[_Waiting] = FairQueue()
+    q.push(_Waiting(b"a", "a0", nbytes=100))
+    q.push(_Waiting(b"a", "a1", nbytes=50))
+    q.push(_Waiting(b"b", "b0", nbytes=7, queued_at=0.0, timeout=1.0))
+    assert (q.bytes, q.bytes_of(b"a"), q.bytes_of(b"b")) == (157, 150, 7)
+    assert [j.name for j in q.expire(now=2.0)] == ["b0"] and q.bytes_of(b"b") == 0
+    taken = q.take(lambda j: "w")
+    assert taken is not None and taken[0].name == "a0" and (q.bytes, q.bytes_of(b"a")) == (50, 50)
+    assert q.remove(next(iter(q))) and q.bytes == 0 and not q.client_bytes
+
+
+def test_the_broker_queue_is_bounded_in_bytes_in_all_and_per_client(pool: Pool) -> None:
+    """With --max-queue-mb 1 (a quarter of it per client) and the one worker busy: a client's second
+    300 KiB call passes its share and is refused, three clients' first calls fit, a fourth client's
+    would pass the whole bound and is refused; none of the refused ran, the queued ones all do."""
+    pool.start_broker("--max-queue-mb", "1")
+    pool.add_executor([POOL_TOOLS], workers=1)
+    pool.wait_for_executors(1)
+    big = "x" * (300 * 1024)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        socks = []
+        for _ in range(4):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(pool.frontend)
+            socks.append(sock)
+        a, b, c, d = socks
+
+        def send(sock: zmq.Socket[bytes], tag: str, seconds: float = 0.0) -> None:
+            sock.send_multipart(encode(Call(tool="work", kwargs={"tag": tag, "seconds": seconds},
+                                            id=uuid.uuid4().hex)))
+
+        def answer(sock: zmq.Socket[bytes]) -> Result:
+            assert sock.poll(30_000), "no answer"
+            msg = decode(sock.recv_multipart())
+            assert isinstance(msg, Result)
+            return msg
+
+        send(a, "busy", seconds=2.0)
+        wait_until("the worker to be busy", lambda: (r := pool.status()) is not None and r.busy == 1)
+        send(a, big)
+        send(a, big + "-again")
+        over_share = answer(a)
+        for sock in (b, c):
+            send(sock, big)
+        wait_until("three calls queued", lambda: (r := pool.status()) is not None and r.queued == 3)
+        send(d, big)
+        over_total = answer(d)
+        later = [answer(sock) for sock in (a, a, b, c)]
+    finally:
+        ctx.destroy(0)
+    assert over_share.error is not None and over_share.error.kind == "unavailable", over_share
+    assert "queue is full" in over_share.error.message and "share" in over_share.error.message
+    assert over_total.error is not None and over_total.error.kind == "unavailable", over_total
+    assert "MiB waiting" in over_total.error.message and "did not run" in over_total.error.message
+    assert all(r.ok for r in later), [r.error for r in later]
+    assert sorted(len(r.value["tag"]) for r in later) == [4] + [300 * 1024] * 3
 
 
 def test_the_broker_journal_survives_a_restart_skips_a_torn_line_and_forgets_old_entries(tmp_path: Path) -> None:
