@@ -6,8 +6,9 @@ workers, split between them, and count the calls completed inside a common windo
 Through a broker over tcp with two executors sharing the N workers (``serve --connect``) when the
 broker exists, else with one executor (``serve --workers N``).
 
-Where the CPU goes: at the most workers, the sleeping tool's window with every controller is also
-measured in CPU seconds per call of each part (controllers, broker, executors' supervisors, their
+Where the CPU goes: at the most workers, one more window of the sleeping tool with every
+controller, ``CPU_WINDOWS`` times as long (CPU times count in clock ticks), is measured in CPU
+seconds per call of each part (controllers, broker, executors' supervisors, their
 workers and templates, reaped ones included). On a machine shared with other work the calls/s figures
 say more about the load than the pool; ``cpu_bound_scaling`` does not: it is the scaling the machine's
 cores would allow if the pool had them to itself (cores / CPU per call, over linear)."""
@@ -32,6 +33,7 @@ from bench_sizes import Sizes
 TOOLS: dict[str, dict[str, Any]] = {"noop": {}, "nap": {"ms": 10.0}}
 SLEEP_S = 0.010
 WINDOW_TIMEOUT = 60.0
+CPU_WINDOWS = 8  # the CPU-per-call window is this many windows long
 
 
 class Controllers:
@@ -134,17 +136,16 @@ def run(features: Features, sizes: Sizes) -> dict[str, Any]:
                                        sizes.pool_warmup_s, sizes.pool_window_s / 4)  # connect every controller
                     for tool in TOOLS:
                         for c in sizes.pool_controllers:
-                            measure = tool == "nap" and workers == max(sizes.pool_workers) and \
-                                c == max(sizes.pool_controllers)
-                            before, started = _cpu_s(running, pids, features.broker), time.monotonic()
                             answers = controllers.window(c, running.endpoint, tool, 2 * workers,
                                                          sizes.pool_warmup_s, sizes.pool_window_s)
-                            rate = sum(a["rate"] for a in answers)
-                            series[mode][tool][str(c)].append(round(rate, 1))
-                            if measure:  # the window's rate over the whole measurement: about the calls made
-                                calls = rate * (time.monotonic() - started - sizes.pool_warmup_s)
-                                cpu[mode] = _cpu_per_call(before, _cpu_s(running, pids, features.broker), calls,
-                                                          workers)
+                            series[mode][tool][str(c)].append(round(sum(a["rate"] for a in answers), 1))
+                    if workers == max(sizes.pool_workers):
+                        before, started = _cpu_s(running, pids, features.broker), time.monotonic()
+                        answers = controllers.window(len(pids), running.endpoint, "nap", 2 * workers,
+                                                     sizes.pool_warmup_s, CPU_WINDOWS * sizes.pool_window_s)
+                        # the window's rate over the whole measurement: about the calls made in it
+                        calls = sum(a["rate"] for a in answers) * (time.monotonic() - started - sizes.pool_warmup_s)
+                        cpu[mode] = _cpu_per_call(before, _cpu_s(running, pids, features.broker), calls, workers)
     finally:
         controllers.close()
 
