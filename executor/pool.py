@@ -61,6 +61,8 @@ REPLACE_WAIT = 0.25  # how long replacing a template waits for the old one's tre
 START_TIMEOUT = 2.0  # a worker that does not say it started a call this long after getting it is replaced
 RETIRE_GRACE = 2.0  # a worker that answered its one call must exit within this, or it is killed
 IDLE_READ_LIMIT = 64 * 1024  # what a worker with no call may send before it is cut off (it should send nothing)
+REFILL_QUIET = 0.002  # fresh workers: a replacement is forked once the pool has been quiet this long...
+REFILL_MAX_DELAY = 0.02  # ...or this long after it was first due, whichever comes first
 SPIN_AFTER_DISPATCH = 0.0003  # seconds of polling without sleep after a dispatch (quick calls' replies)
 POLL_MAX_S = 1.0
 MAX_ABANDONED = 64  # processes that would not die, remembered for the log
@@ -108,6 +110,7 @@ class WorkerPool:
         on_done: Callable[[Job, Result], None],
         next_job: Callable[[], Job | None],
         requeue: Callable[[Job], None] | None = None,
+        queued: Callable[[], int] = lambda: 0,
     ) -> None:
         self.config = config
         self.limits = config.limits
@@ -116,6 +119,7 @@ class WorkerPool:
         self.on_done = on_done
         self.next_job = next_job
         self.requeue = requeue
+        self.queued = queued  # how many calls wait for a worker
         self.slots: dict[int, Slot] = {}  # live workers by id
         self.spawning: dict[int, float] = {}  # worker id -> when the template was asked for it
         self.retiring: dict[int, float] = {}  # pid -> when it answered its one call (it exits by itself)
@@ -130,6 +134,8 @@ class WorkerPool:
         self.poller: zmq.Poller | None = None
         self.fd_owner: dict[int, tuple[Slot, str]] = {}
         self.spin_until = 0.0
+        self.refill_at = 0.0  # fresh workers: when the deferred replacement is forked (0: none due)
+        self.refill_first = 0.0  # when it first became due
         self.sweep_due = False  # reused workers: the template should kill its stray children soon
         self.swept_at = 0.0
         self.failed = False  # no template could be made: the executor cannot go on
@@ -285,6 +291,8 @@ class WorkerPool:
             wait = min(wait, asked + TEMPLATE_ANSWER_TIMEOUT - now)
         for answered in self.retiring.values():
             wait = min(wait, answered + RETIRE_GRACE - now)
+        if self.refill_at:
+            wait = min(wait, self.refill_at - now)
         if self.sweep_due:
             wait = min(wait, self.swept_at + SWEEP_INTERVAL - now)
         return wait
@@ -336,18 +344,35 @@ class WorkerPool:
                                   limits=job.limits.model_dump() if job.limits is not self.limits else None)
             slot.outbuf += framing.pack(request.to_wire())
             self._flush(slot)
-        self._refill()
+        self._refill(urgent=False)
 
-    def _refill(self) -> None:
+    def _refill(self, urgent: bool = True) -> None:
         """Ask the template for workers: keep ``size`` ready (fresh workers), or ``size`` in all
-        (reused workers)."""
+        (reused workers).
+
+        Fresh workers are replaced once the pool is quiet (``REFILL_QUIET``, at most
+        ``REFILL_MAX_DELAY`` late), not the moment a call takes one: forking the replacement and
+        setting up its control group take the CPU the running call and its answer need (on 2 cores
+        that doubled a no-op call's latency). A call that waits for a worker while none is ready
+        makes the refill ``urgent``."""
         if self.template is None or self.stopping:
             return
         if self.config.reuse:
             want = self.size - len([s for s in self.slots.values() if not s.killed and not s.closed_at])
         else:
             want = self.size - self.ready()
-        for _ in range(want - len(self.spawning)):
+        missing = want - len(self.spawning)
+        if missing <= 0:
+            self.refill_at = 0.0
+            return
+        if not urgent and not self.config.reuse and not (self.queued() and not self.ready()):
+            now = time.monotonic()
+            if not self.refill_at:
+                self.refill_first = now
+            self.refill_at = min(self.refill_first + REFILL_MAX_DELAY, now + REFILL_QUIET)
+            return
+        self.refill_at = 0.0
+        for _ in range(missing):
             self.next_id += 1
             self.spawning[self.next_id] = time.monotonic()
             try:
@@ -356,6 +381,8 @@ class WorkerPool:
                 break  # the template is gone; its channel's EOF replaces it
 
     def check_deadlines(self, now: float) -> None:
+        if self.refill_at and now >= self.refill_at:
+            self._refill()
         if self.sweep_due and now >= self.swept_at + SWEEP_INTERVAL and self.template is not None:
             self.sweep_due, self.swept_at = False, now
             with contextlib.suppress(OSError):
@@ -596,7 +623,7 @@ class WorkerPool:
         within ``RETIRE_GRACE``, else it is killed."""
         self.retiring[slot.pid] = time.monotonic()
         self._close_slot(slot)
-        self._refill()
+        self._refill(urgent=False)
 
     def _abandon(self, slot: Slot, why: str) -> None:
         """Answer the call of a worker that will not die and forget the worker; its exit, if it ever

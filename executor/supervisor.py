@@ -96,7 +96,7 @@ class Supervisor:
         config = WorkerConfig(targets=tools, limits=limits, name=self.executor_id, use_cgroups=use_cgroups,
                               reuse=reuse_workers, pass_env=list(pass_env or ()))
         self.pool = WorkerPool(config, size=workers, on_done=self._finish, next_job=self.calls.next_queued,
-                               requeue=self.calls.requeue)
+                               requeue=self.calls.requeue, queued=lambda: len(self.calls.queue))
         self.clients: ClientSide | None = None
         self.stopping = False
         self.exit_code = 0  # 1 when it stops because it cannot go on (the template died)

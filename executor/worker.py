@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import os
 import resource
 import select
@@ -54,7 +55,7 @@ from executor.channel import (
 from executor.limits import apply_call_limits, apply_process_limits
 from executor.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, drop_capabilities
 from executor.registry import RegistryError, Tool, load_tools
-from protocol import BindError, Limits, ValueRefused, check_value
+from protocol import BindError, Limits, ToolSpec, ValueRefused, check_value
 from protocol.environment import allowed_environment
 
 PR_SET_PDEATHSIG = 1
@@ -183,6 +184,9 @@ def template_main(chan: socket.socket, config: WorkerConfig) -> None:
         except RegistryError as e:
             framing.send(chan, LoadFailed(message=str(e)).to_wire())
             os._exit(3)
+        if not config.reuse:
+            rehearse()  # once here too: what it needs is made before any worker is forked
+        gc.freeze()  # a worker's garbage collections never walk (and so copy) the template's objects
         framing.send(chan, ToolsLoaded(specs=[t.spec.model_dump() for t in tools.values()],
                                        cgroups=pool.cgroups.describe() if pool.cgroups else "").to_wire())
         _template_loop(chan, tools, pool)
@@ -321,6 +325,8 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
                 sandbox.enter()  # namespaces, read-only view, no privileges, Landlock, seccomp
             else:  # as root: no tracing the executor's processes, no lifting hard limits
                 drop_capabilities(CAP_SYS_PTRACE, CAP_SYS_RESOURCE)
+            if not config.reuse:
+                rehearse()
             worker_loop(child_end, tools, config)
         except BaseException:
             code = 70
@@ -456,10 +462,40 @@ def _cpu() -> float:
     return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
-def run_call(req: CallRequest, tools: dict[str, Tool], limits: Limits, hard: bool = True) -> tuple[Reply, bool]:
+def _rehearsal() -> None:
+    """The tool of a fresh worker's rehearsal: does nothing."""
+
+
+_REHEARSAL: dict[str, Tool] = {}  # made by the template, once, before it forks workers
+
+
+def rehearse() -> None:
+    """Take a no-op call through a fresh worker's call path (channel, request, start, run, reply)
+    while it waits for its real call. A forked worker shares the template's pages until it first
+    writes them, and Python writes (reference counts) to every object it touches: the first call
+    down this path took about 170 copy-on-write faults, 0.7 ms of a no-op call on a 2-core VM. Here
+    they are taken ahead, off the call's time. Nothing of it is sent and no limit is set."""
+    if not _REHEARSAL:
+        _REHEARSAL["_rehearsal"] = Tool(spec=ToolSpec.from_function(_rehearsal, name="_rehearsal"), fn=_rehearsal,
+                                        module=__name__)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        framing.send(ours, CallRequest(seq=0, tool="_rehearsal", args=[], kwargs={}, limits=None).to_wire())
+        req = CallRequest.from_wire(framing.recv(theirs))
+        theirs.sendall(_started(req.seq))
+        reply, _ = run_call(req, _REHEARSAL, Limits(), apply_limits=False)
+        theirs.sendall(_pack_reply(reply, REPLY_OVERHEAD))
+    finally:
+        ours.close()
+        theirs.close()
+    signals.drain()
+
+
+def run_call(req: CallRequest, tools: dict[str, Tool], limits: Limits, hard: bool = True,
+             apply_limits: bool = True) -> tuple[Reply, bool]:
     """Run one call under ``limits``; return the reply for the supervisor and whether this worker must
     be replaced. ``hard``: the limits are set as hard limits too (a fresh worker: the tool cannot
-    lift them)."""
+    lift them). ``apply_limits`` is off only for a rehearsal."""
     t = tools.get(req.tool)
     signals.drain()
     replace = False
@@ -469,8 +505,9 @@ def run_call(req: CallRequest, tools: dict[str, Tool], limits: Limits, hard: boo
         t.spec.bind(req.args, req.kwargs)
     except BindError as e:
         return Reply.failure(req.seq, "bad_arguments", str(e)), False
-    apply_call_limits(limits, hard=hard)
-    _reset_peak_rss()
+    if apply_limits:
+        apply_call_limits(limits, hard=hard)
+        _reset_peak_rss()
     wall0, cpu0 = time.perf_counter(), _cpu()
     try:
         value = t.fn(*req.args, **req.kwargs)

@@ -211,6 +211,7 @@ def patch_registry() -> int:
     from executor.registry import Tool
 
     patched = 0
+    gc.unfreeze()  # the template froze its objects out of the collector's sight; an attacker thaws them
     for obj in gc.get_objects():
         if isinstance(obj, Tool):
             object.__setattr__(obj, "fn", hijacked)  # a frozen dataclass: not frozen to us
