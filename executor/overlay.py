@@ -20,8 +20,9 @@ upper layer to the real workspace, or discards it:
   ``output_limit`` error saying why;
 * files are copied (never moved or linked: the upper layer is the tool's), each written to an
   unnamed file (``O_TMPFILE``) and renamed into place whole, owned by the workspace's owner, without
-  set-ID bits; symbolic links are made as links and never followed; every path is walked from a
-  directory descriptor with ``O_NOFOLLOW``;
+  set-ID bits; symbolic links are made as links and never followed; every file is opened from a
+  directory descriptor with ``O_NOFOLLOW``, and sizing enters only what ``lstat`` shows is a
+  directory;
 * appliers of concurrent calls take turns (``flock`` on the workspace directory).
 
 The keeper holds the call's reply until no process of the call can run any more (the sandboxed
@@ -32,9 +33,9 @@ call sees them, and nothing of the call writes anything afterwards.
 
 Cost: a second fork per worker (ahead of the call), one hop more for the request and the reply,
 and, for a call that wrote something, the copy plus a walk of the workspace to size it (a walk
-proportional to the number of files in the workspace). Mounts live
-only in the keeper's and the worker's mount namespaces, which die with them: nothing is left on
-the host by construction (no loop device, no image file, no project quota to set up).
+proportional to the number of files in the workspace). Mounts live only in the keeper's and the
+worker's mount namespaces, which die with them: nothing is left on the host by construction (no
+loop device, no image file, no project quota to set up).
 """
 
 from __future__ import annotations
@@ -166,8 +167,10 @@ class _Changes:
                     _remove(real, name, old)
                 os.mkdir(name, 0o700, dir_fd=real)
             sub_real = _open_dir(name, real)
-            os.fchown(sub_real, *self.owner)
-            os.fchmod(sub_real, stat.S_IMODE(st.st_mode) & 0o777)
+            if not merged:  # a directory of the host's keeps its owner
+                os.fchown(sub_real, *self.owner)
+            if not merged or old is None or stat.S_IMODE(st.st_mode) != stat.S_IMODE(old.st_mode):
+                os.fchmod(sub_real, stat.S_IMODE(st.st_mode) & 0o777)
         elif merged and real is not None:
             sub_real = _open_dir(name, real)
         sub_upper = _open_dir(name, upper)

@@ -6,6 +6,7 @@ layers; elsewhere they skip, naming what is missing (on CI, as root, a missing l
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ import pytest
 from conftest import require_layer
 
 from controller import ExecutorClient
-from executor import hardening, overlay
+from executor import hardening, overlay, selfcheck
 from protocol import Call, Result
 
 TOOLS = str(Path(__file__).parent / "tools" / "workspace_filler.py")
@@ -138,6 +139,28 @@ def test_small_writes_land_in_the_workspace_as_its_owner_and_the_next_call_sees_
     assert ws.call('remove(name="notes")').value == "done"
     assert not (ws.workspace / "notes").exists()
     assert ws.call('listing()').value == []
+
+
+def test_a_directory_of_the_hosts_keeps_its_owner_and_mode_when_a_call_writes_in_it(ws: Served) -> None:
+    shared = ws.workspace / "shared"
+    shared.mkdir()
+    os.chown(shared, OWNER, OWNER)
+    shared.chmod(0o2750)
+    assert ws.call("write(name='shared/x', text='x')").ok
+    st = shared.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (OWNER, OWNER, 0o2750)
+    assert (shared / "x").stat().st_uid == OWNER
+
+
+def test_entries_the_workspaces_owner_does_not_own_cannot_be_changed(ws: Served) -> None:
+    """The tools act as the workspace's owner only: a directory of another user or group (root here), even
+    writable by all, cannot be written in (the overlay cannot copy up what it cannot map)."""
+    other = ws.workspace / "roots"
+    other.mkdir()
+    other.chmod(0o777)
+    result = ws.call("write(name='roots/x', text='x')")
+    assert not result.ok and result.error is not None and "Permission denied" in result.error.message
+    assert list(other.iterdir()) == []
 
 
 def test_a_call_that_writes_more_than_the_quota_gets_output_limit_and_changes_nothing(ws: Served) -> None:
@@ -284,6 +307,34 @@ def test_a_thread_still_writing_when_the_call_answers_stops_with_the_answer(ws: 
         assert (ws.workspace / "tail").stat().st_size == size
         time.sleep(0.05)
     assert ws.call("read(name='tail')").value == "t" * size
+
+
+# --- the start-up checks ---------------------------------------------------------------------------------
+
+
+def test_a_workspace_whose_path_an_overlay_cannot_take_is_refused_before_serving(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    odd = tmp_path / "a,b:c"
+    odd.mkdir()
+    args = argparse.Namespace(reuse_workers=False, no_cgroups=False, bind="ipc:///tmp/x/executor.sock", connect=None,
+                              curve_secret=None, workspace=str(odd), workspace_rw=True, allow_degraded=False,
+                              skip_selfcheck=True, pass_env=[], workspace_quota=QUOTA_MB)
+    assert selfcheck.start_hardened(args) == 2
+    err = capsys.readouterr().err
+    assert "an overlay's layer path cannot" in err and ", :" in err
+
+
+def test_the_quota_reaches_the_hardened_profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    require_layer(not MISSING, f"this machine lacks hardened layers: {MISSING}")
+    monkeypatch.setattr(hardening, "_active", None)
+    monkeypatch.setattr("atexit.register", lambda fn: fn)
+    args = argparse.Namespace(reuse_workers=False, no_cgroups=False, bind="ipc:///tmp/x/executor.sock", connect=None,
+                              curve_secret=None, workspace=str(tmp_path), workspace_rw=True, allow_degraded=False,
+                              skip_selfcheck=True, pass_env=[], workspace_quota=3, max_result_kb=64)
+    assert selfcheck.start_hardened(args) == 0
+    sandbox = hardening.active()
+    assert sandbox is not None and sandbox.keeper
+    assert (sandbox.config.workspace_quota_mb, sandbox.config.max_result_kb) == (3, 64)
 
 
 # --- the host after the executor --------------------------------------------------------------------
