@@ -287,6 +287,13 @@ def test_a_timed_out_call_changes_nothing(ws: Served) -> None:
     assert list(ws.workspace.iterdir()) == []
 
 
+def test_a_call_that_writes_garbage_on_its_channel_changes_nothing(ws: Served) -> None:
+    result = ws.call("garbage_on_channel(name='garbled')")
+    assert not result.ok and result.error is not None and result.error.kind == "crashed", result.error
+    assert "malformed" in result.error.message
+    assert list(ws.workspace.iterdir()) == []
+
+
 def test_a_writer_left_behind_after_the_call_writes_nothing(ws: Served) -> None:
     assert ws.call("write_after_return(name='late')").ok
     deadline = time.monotonic() + 2.0  # the writer would have written after 0.5 s

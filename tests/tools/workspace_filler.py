@@ -243,6 +243,22 @@ def thread_after_return(name: str) -> str:
 
 
 @tool
+def garbage_on_channel(name: str) -> None:
+    """Write ``name``, then send the executor something that is not a frame of ours on the worker's
+    channel (the one socket it holds), and wait."""
+    import stat
+
+    write(name, text="before the garbage")
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        try:
+            if fd > 2 and stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.write(fd, b"\x00\x00\x00\x05hello")
+        except OSError:
+            continue
+    time.sleep(10)
+
+
+@tool
 def hang_after_write(name: str) -> None:
     """Write ``name``, then sleep past the call's timeout."""
     write(name, text="before the timeout")
