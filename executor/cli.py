@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the rows as JSON (for CI)")
     check.add_argument("--verbose", action="store_true", help="show the executor's log")
     check.add_argument("--workspace-rw", action="store_true",
-                       help="check the --workspace-rw variant (the workspace written as its owner)")
+                       help="check the --workspace-rw variant (the workspace written as its owner, each call's "
+                       "writes applied within a 16 MiB --workspace-quota, filling the disk through it tried)")
     keygen = sub.add_parser("keygen", help="write a CurveZMQ key pair (NAME.key, NAME.key_secret) into DIR",
                             description="Write a CurveZMQ key pair for an executor or a client: DIR/NAME.key is "
                             "the public key (give it to the other side), DIR/NAME.key_secret the secret one "
