@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -21,6 +22,51 @@ TESTS = Path(__file__).parent
 FAULTY = str(TESTS / "tools" / "faulty.py")
 BUILTIN = "executor.toolkits.builtin"
 CIAYN_TOOLS = str(TESTS / "tools" / "ciayn_tools.py")  # agent-loop tools: side effects in calls.log
+
+
+# Under pytest-xdist with ``--dist loadfile`` (``scripts/test``) each test module is one unit of work, run
+# on one worker, so its module-scoped fixtures start once. Modules that must never run at the same time
+# as each other form one unit together, named here. (pytest-xdist's own ``--dist loadgroup`` with
+# ``xdist_group`` marks does not group on pytest 9.2: pytest-xdist issue 1386.)
+EXCLUSIVE_GROUPS = {
+    # each starts the embedded model's llama.cpp server: two at once on two cores starve each other
+    "embedded-model": ("test_demo.py", "test_local_model.py", "test_local_e2e.py"),
+}
+# Units that take longest, started first so that no worker is left with one of them at the end while
+# the others idle. Only an order: a name missing here costs balance, never correctness.
+LONG_UNITS_FIRST = ("test_hardened.py", "embedded-model", "test_gbnf.py", "test_cli_usage.py", "test_bench.py")
+_GROUP_OF = {module: group for group, modules in EXCLUSIVE_GROUPS.items() for module in modules}
+
+
+def _unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its module's file name, or the group that module is in."""
+    module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    return _GROUP_OF.get(module, module)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``: one unit of work per module or named group, in ``LONG_UNITS_FIRST`` order
+    and then in collection order."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    config.option.loadscopereorder = False  # the order is the collection's, arranged below
+    return ModuleGroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker: the units in ``LONG_UNITS_FIRST`` first (a stable sort, so each
+    module's tests keep their order and every worker collects the same order)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return
+    rank = {unit: i for i, unit in enumerate(LONG_UNITS_FIRST)}
+    items.sort(key=lambda item: rank.get(_unit(item.nodeid), len(rank)))
 
 
 @pytest.fixture
