@@ -12,8 +12,8 @@ them to bench-results/hardened.json. Needs root (the hardened profile does).
 
 With ``--workspace-rw`` it measures that option instead (``bench_workspace_rw()``, written to
 bench-results/hardened_workspace_rw.json): a hardened no-op call's p50 at low load with and without
-it, the time to apply a call's changes (100 files, 10 MB in all) to the workspace, timed on the
-applier alone and end to end.
+it, sustained no-op calls on 2 workers with and without it, and the time to apply a call's changes
+(100 files, 10 MB in all) to the workspace, timed on the applier alone and end to end.
 
 Usage: .venv/bin/python scripts/bench_hardened.py [--calls N] [--seconds S] [--workspace-rw] [--out PATH]
 """
@@ -247,7 +247,7 @@ def _applies(rounds: int) -> list[float]:
     return [float(t) for t in result]
 
 
-def bench_workspace_rw(calls: int = 200, rounds: int = 20, workers: int = 2) -> dict[str, Any]:
+def bench_workspace_rw(calls: int = 200, rounds: int = 20, workers: int = 2, seconds: float = 5.0) -> dict[str, Any]:
     """What ``--workspace-rw`` costs under the hardened profile, side by side in one run."""
     missing = hardening.probe_all()
     if missing:
@@ -261,7 +261,8 @@ def bench_workspace_rw(calls: int = 200, rounds: int = 20, workers: int = 2) -> 
         for name, extra in (("hardened", ()), ("hardened_workspace_rw", ("--workspace-rw",))):
             proc, client = _serve("hardened", workdir, workers, ("--tools", FILLER, *extra))
             try:
-                out[name] = {"low_load_noop": _low_load(client, calls)}
+                out[name] = {"low_load_noop": _low_load(client, calls),
+                             "sustained_noop": _sustained(client, seconds, in_flight=2 * workers)}
                 if extra:
                     times, walls = [], []
                     for i in range(rounds):
@@ -298,7 +299,7 @@ def main() -> int:
                         "hardened_workspace_rw.json with --workspace-rw)")
     args = parser.parse_args()
     if args.workspace_rw:
-        rw = bench_workspace_rw(args.calls)
+        rw = bench_workspace_rw(args.calls, seconds=args.seconds)
         out = Path(args.out or ROOT / "bench-results" / "hardened_workspace_rw.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(rw, indent=2) + "\n")
