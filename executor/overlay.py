@@ -224,7 +224,13 @@ def _put(upper: int, real: int, name: str, st: os.stat_result, old: os.stat_resu
     else:
         src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=upper)
         try:
-            dst = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600, dir_fd=real)
+            try:  # unnamed until it is whole: nothing is left if the keeper is killed meanwhile
+                dst, named = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600, dir_fd=real), False
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                    raise
+                flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC  # no O_TMPFILE here
+                dst, named = os.open(temp, flags, 0o600, dir_fd=real), True
             try:
                 offset = 0
                 while sent := os.sendfile(dst, src, offset, 1 << 30):
@@ -232,7 +238,8 @@ def _put(upper: int, real: int, name: str, st: os.stat_result, old: os.stat_resu
                 os.fchown(dst, *owner)
                 os.fchmod(dst, stat.S_IMODE(st.st_mode) & 0o777)
                 os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-                os.link(f"/proc/self/fd/{dst}", temp, dst_dir_fd=real, follow_symlinks=True)
+                if not named:
+                    os.link(f"/proc/self/fd/{dst}", temp, dst_dir_fd=real, follow_symlinks=True)
             finally:
                 os.close(dst)
         finally:

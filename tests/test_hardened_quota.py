@@ -7,8 +7,10 @@ layers; elsewhere they skip, naming what is missing (on CI, as root, a missing l
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -16,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -314,6 +317,66 @@ def test_a_thread_still_writing_when_the_call_answers_stops_with_the_answer(ws: 
         assert (ws.workspace / "tail").stat().st_size == size
         time.sleep(0.05)
     assert ws.call("read(name='tail')").value == "t" * size
+
+
+# --- the applier alone (``overlay.commit`` on a hand-made upper layer) -------------------------------------
+
+
+@pytest.fixture
+def layers(tmp_path: Path) -> tuple[Path, Path]:
+    if os.geteuid() != 0:
+        pytest.skip("overlay whiteouts (character devices 0:0) and trusted xattrs need root")
+    upper, real = tmp_path / "upper", tmp_path / "real"
+    upper.mkdir()
+    real.mkdir()
+    return upper, real
+
+
+def test_commit_applies_files_links_and_the_overlays_deletion_marks(layers: tuple[Path, Path]) -> None:
+    upper, real = layers
+    for name in ("gone.txt", "kept.txt"):
+        (real / name).write_text("old")
+    (real / "cleared").mkdir()
+    (real / "cleared" / "old.txt").write_text("old")
+    (real / "merged").mkdir()
+    (real / "merged" / "old.txt").write_text("old")
+    os.mknod(upper / "gone.txt", stat.S_IFCHR | 0o600, os.makedev(0, 0))  # a whiteout: deleted by the call
+    (upper / "new.txt").write_text("new")
+    (upper / "cleared").mkdir()  # opaque: the call removed the directory and made it again
+    os.setxattr(upper / "cleared", overlay.OPAQUE_XATTR, b"y")
+    (upper / "cleared" / "fresh.txt").write_text("fresh")
+    (upper / "merged").mkdir()
+    (upper / "merged" / "added.txt").write_text("added")
+    os.symlink("/etc/passwd", upper / "link")
+    assert overlay.commit(str(upper), str(real), 1 << 20) is None
+    assert sorted(p.name for p in real.iterdir()) == ["cleared", "kept.txt", "link", "merged", "new.txt"]
+    assert [p.name for p in (real / "cleared").iterdir()] == ["fresh.txt"]
+    assert sorted(p.name for p in (real / "merged").iterdir()) == ["added.txt", "old.txt"]
+    assert os.readlink(real / "link") == "/etc/passwd" and (real / "new.txt").read_text() == "new"
+
+
+def test_commit_refuses_the_whole_change_set_for_one_fifo(layers: tuple[Path, Path]) -> None:
+    upper, real = layers
+    (upper / "file.txt").write_text("x")
+    os.mkfifo(upper / "pipe")
+    problem = overlay.commit(str(upper), str(real), 1 << 20)
+    assert problem is not None and "'pipe', a FIFO" in problem and list(real.iterdir()) == []
+
+
+def test_commit_without_o_tmpfile_writes_under_a_temporary_name(layers: tuple[Path, Path],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    upper, real = layers
+    (upper / "file.txt").write_text("whole")
+    real_open = os.open
+
+    def no_tmpfile(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            raise OSError(errno.EOPNOTSUPP, "no O_TMPFILE on this filesystem")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_tmpfile)
+    assert overlay.commit(str(upper), str(real), 1 << 20) is None
+    assert [p.name for p in real.iterdir()] == ["file.txt"] and (real / "file.txt").read_text() == "whole"
 
 
 # --- the start-up checks ---------------------------------------------------------------------------------
