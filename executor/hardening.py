@@ -311,6 +311,7 @@ def _mount_overlay(sb: Sandbox) -> None:
     _mount("overlay", lower, "overlay", MS_NOSUID | MS_NODEV,
            f"lowerdir={lower},upperdir={upper}/upper,workdir={upper}/work,{overlay.OVERLAY_OPTIONS}")
     _check("filesystem", "detach the call's upper layer", _libc.umount2(upper.encode(), MNT_DETACH))
+    _check("filesystem", "detach the keepers' tally", _libc.umount2((sb.root + overlay.TALLY).encode(), MNT_DETACH))
     for hidden in sb.config.hide:
         if _under(os.path.realpath(hidden), workspace):
             _hide(sb.root, os.path.realpath(hidden))
@@ -685,7 +686,11 @@ class Sandbox:
             os.makedirs(root + "/.ciayn-workspace")
         if self.keeper:
             os.makedirs(root + overlay.UPPER)
+            os.makedirs(root + overlay.TALLY)
         _readonly_tree(root)
+        if self.keeper:  # one tmpfs for this executor's keepers (their mount namespaces copy it), root's only
+            _mount("tmpfs", root + overlay.TALLY, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                   "size=64k,nr_inodes=16,mode=0700")
         late = [src for src in _view_roots(workspace, self.config.hide) if _under(src, "/tmp")]
         self.late_binds = [(src, src, True) for src in late if not (src == workspace and rw)]
         if rw:  # the tools act as the workspace's owner in it: an idmapped mount, files stay its owner's
@@ -786,7 +791,8 @@ class Sandbox:
             _, most = resource.getrlimit(resource.RLIMIT_NOFILE)
             resource.setrlimit(resource.RLIMIT_NOFILE, (most, most))
             overlay.Keeper(socket.socket(fileno=chan_fd), keeper_end, pid, upper + "/upper", workspace, quota,
-                           self.config.max_result_kb, pid_namespace="pid-ns" in self.names).run()
+                           self.config.max_result_kb, pid_namespace="pid-ns" in self.names,
+                           tally=self.root + overlay.TALLY + "/workspace-size").run()
         except BaseException:
             with contextlib.suppress(BaseException):
                 traceback.print_exc()

@@ -32,8 +32,9 @@ client holds means the workspace already shows (or will never show) the call's w
 call sees them, and nothing of the call writes anything afterwards.
 
 Cost: a second fork per worker (ahead of the call), one hop more for the request and the reply,
-and, for a call that wrote something, the copy plus a walk of the workspace to size it (a walk
-proportional to the number of files in the workspace). Mounts live only in the keeper's and the
+and, for a call that wrote something, the copy (and a walk of what it replaces or deletes). The
+workspace's size is walked once, by the first call that adds to it, and then tracked through every
+change applied (``commit``'s tally). Mounts live only in the keeper's and the
 worker's mount namespaces, which die with them: nothing is left on the host by construction (no
 loop device, no image file, no project quota to set up).
 """
@@ -64,6 +65,7 @@ DEFAULT_QUOTA_MB = 1024
 MAX_DEPTH = 100  # directories nested deeper than this in one call's changes are refused (2 fds a level)
 LOCK_WAIT = 60.0  # seconds an applier waits for another call's apply to finish
 UPPER = "/.ciayn-upper"  # in the staged root: where the keeper mounts the call's tmpfs
+TALLY = "/.ciayn-tally"  # in the staged root: the executor's tmpfs holding the workspace's size (``commit``)
 WHITEOUT_RDEV = 0  # overlayfs marks a deletion with a character device 0:0
 OPAQUE_XATTR = "trusted.overlay.opaque"  # a directory that hides the lower one of its name
 OVERLAY_OPTIONS = "redirect_dir=off,index=off,metacopy=off,xino=off"  # no metadata-only copy-ups, no redirects
@@ -261,11 +263,17 @@ def _lock(fd: int, wait: float = LOCK_WAIT) -> None:
             time.sleep(0.005)
 
 
-def commit(upper: str, workspace: str, quota: int) -> str | None:
+def commit(upper: str, workspace: str, quota: int, tally: str | None = None) -> str | None:
     """Apply the upper layer ``upper`` to ``workspace`` if the change set is acceptable and the
     workspace stays within ``quota`` bytes (or does not grow). Returns None when applied (or there
     was nothing to apply), else why nothing was applied, for the call's result. Runs in the keeper,
-    as root, after every process of the call is gone."""
+    as root, after every process of the call is gone.
+
+    ``tally`` is a file (private to the executor) that remembers the workspace's size between
+    calls, so that a call does not walk the whole workspace: measured by the first call that adds
+    to it, then kept up to date by every change applied. A call the tally would refuse is measured
+    afresh first (the host may have removed files meanwhile); what the host adds between calls is
+    not seen until then."""
     up = os.open(upper, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     ws = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -277,24 +285,52 @@ def commit(upper: str, workspace: str, quota: int) -> str | None:
             _lock(ws)
             plan = _Changes(owner, apply=False)
             plan.directory(up, ws, 0, "")
-            if plan.delta > 0:
-                before = tree_usage(ws)
+            before = _read_tally(tally)
+            if plan.delta > 0 and (before is None or before + plan.delta > quota):
+                before = tree_usage(ws)  # measured: the first time, or before refusing
+                _write_tally(tally, before)
                 if before + plan.delta > quota:
                     return (f"the call's changes to the workspace were discarded: they would take it to "
                             f"{(before + plan.delta) / MB:.2f} MB, over its quota of {quota / MB:g} MB "
                             f"(--workspace-quota; it held {before / MB:.2f} MB)")
         except Refused as e:
             return f"the call's changes to the workspace were discarded: {e}"
+        _write_tally(tally, None)  # unknown while applying (a keeper killed meanwhile leaves none)
         done = _Changes(owner, apply=True)
         try:
             done.directory(up, ws, 0, "")
         except OSError as e:
             return (f"the call's changes to the workspace could not all be applied ({e}); "
                     f"{done.entries} of {plan.entries} entries were")
+        if before is not None:
+            _write_tally(tally, max(0, before + plan.delta))
         return None
     finally:
         os.close(up)
         os.close(ws)
+
+
+def _read_tally(path: str | None) -> int | None:
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_tally(path: str | None, size: int | None) -> None:
+    if path is None:
+        return
+    if size is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    temp = f"{path}.{os.getpid()}"
+    with open(temp, "w") as f:
+        f.write(str(size))
+    os.rename(temp, path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -366,9 +402,9 @@ class Keeper:
     exits as ``child`` did (same exit code or signal, so the supervisor reports deaths as usual)."""
 
     def __init__(self, chan: socket.socket, inner: socket.socket, child: int, upper: str, workspace: str,
-                 quota: int, max_result_kb: int, pid_namespace: bool = True) -> None:
+                 quota: int, max_result_kb: int, pid_namespace: bool = True, tally: str | None = None) -> None:
         self.chan, self.inner, self.child = chan, inner, child
-        self.upper, self.workspace, self.quota = upper, workspace, quota
+        self.upper, self.workspace, self.quota, self.tally = upper, workspace, quota, tally
         self.cap = _reply_cap(Limits(max_result_kb=max_result_kb))
         self.request: CallRequest | None = None
         self.from_supervisor = _Frames()
@@ -494,7 +530,7 @@ class Keeper:
         reply = self._reply()
         if reply is not None:
             try:
-                problem = commit(self.upper, self.workspace, self.quota)
+                problem = commit(self.upper, self.workspace, self.quota, self.tally)
             except OSError as e:
                 problem = f"the call's changes to the workspace could not be applied: {e}"
             if problem is not None:

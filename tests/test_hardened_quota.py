@@ -187,6 +187,16 @@ def test_the_quota_is_on_the_workspace_after_the_call_and_deletes_make_room(ws: 
     assert ws.usage() <= QUOTA_MB << 20
 
 
+def test_what_the_host_removes_between_calls_is_measured_before_a_call_is_refused(ws: Served) -> None:
+    """The workspace's size is tracked through the calls' changes (no walk of it per call); a call
+    the tracked size would refuse is measured afresh first."""
+    assert ws.call("write(name='a', megabytes=5)").ok
+    (ws.workspace / "a").unlink()  # by the host: the tracked size still counts it
+    assert ws.call("write(name='b', megabytes=5)").ok
+    assert [p.name for p in ws.workspace.iterdir()] == ["b"]
+    _refused(ws.call("write(name='c', megabytes=5)"))
+
+
 def test_calls_running_side_by_side_cannot_pass_the_quota_together(ws: Served) -> None:
     """Each alone fits, both do not: their appliers take turns, and the second sees the first's bytes."""
     futures = [ws.client.submit(Call(tool="write", kwargs={"name": f"side{i}", "megabytes": 5})) for i in range(2)]
