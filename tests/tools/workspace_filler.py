@@ -238,7 +238,9 @@ def thread_after_return(name: str) -> str:
                 time.sleep(0.001)
 
     threading.Thread(target=append, daemon=True).start()
-    time.sleep(0.05)
+    deadline = time.monotonic() + 5
+    while not (os.path.exists(_path(name)) and os.path.getsize(_path(name))) and time.monotonic() < deadline:
+        time.sleep(0.005)  # answer while it is writing
     return "left a writing thread"
 
 
