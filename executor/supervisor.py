@@ -301,8 +301,7 @@ class Supervisor:
         if refusal is not None:
             self._refuse(route, refusal)
             return
-        self.pool.dispatch()
-        self._expire_queued(time.monotonic())
+        self.pool.dispatch()  # what waited too long in the queue is answered on the loop's next turn
 
     def _refuse(self, route: bytes, result: Result) -> None:
         """Answer a call that is not run; refusals are not remembered (SPEC.md section 8)."""
