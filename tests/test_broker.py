@@ -3,6 +3,7 @@ fairness across clients, refusing a conflicting tool, status and metrics. Real p
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import subprocess
@@ -40,6 +41,8 @@ from protocol.curve import keygen
 from tests.pool import ALPHA, BETA, CONFLICT, POOL_TOOLS, ROOT, Pool, free_port, wait_until
 
 SLOW = 0.4  # seconds a call of the fairness test takes
+BULK = str(ROOT / "tests" / "tools" / "pool_bulk.py")
+ANSWER_BOUND_MS = 30_000  # for one answer to a raw client, on a loaded machine
 
 
 @pytest.fixture
@@ -47,6 +50,36 @@ def pool(tmp_path: Path) -> Iterator[Pool]:
     p = Pool(tmp_path)
     yield p
     p.stop()
+
+
+def _raw_clients(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, n: int) -> list[zmq.Socket[bytes]]:
+    """``n`` DEALER sockets connected to ``endpoint``: clients whose every message the test writes
+    itself (a resend of an id, a cancel of another's call)."""
+    socks = []
+    for _ in range(n):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        socks.append(sock)
+    return socks
+
+
+def _answer(sock: zmq.Socket[bytes]) -> Result:
+    assert sock.poll(ANSWER_BOUND_MS), "no answer"
+    msg = decode(sock.recv_multipart())
+    assert isinstance(msg, Result), msg
+    return msg
+
+
+def _ask(sock: zmq.Socket[bytes], calls: list[Call]) -> dict[str, Result]:
+    """Send ``calls`` and wait for one answer to each, by id."""
+    for call in calls:
+        sock.send_multipart(encode(call))
+    answers: dict[str, Result] = {}
+    while len(answers) < len(calls):
+        r = _answer(sock)
+        answers[r.id] = r
+    return answers
 
 
 def test_a_broker_looks_like_one_executor_with_every_tool_of_the_pool(pool: Pool) -> None:
@@ -133,9 +166,7 @@ def test_only_the_caller_can_cancel_a_call_queued_in_the_broker_or_running_on_an
             futures = [client.submit(running), client.submit(queued)]
             wait_until("one running, one queued",
                        lambda: (r := pool.status()) is not None and (r.busy, r.queued) == (1, 1))
-            stranger = ctx.socket(zmq.DEALER)
-            stranger.setsockopt(zmq.LINGER, 0)
-            stranger.connect(pool.frontend)
+            [stranger] = _raw_clients(ctx, pool.frontend, 1)
             for c in (running, queued):
                 stranger.send_multipart(encode(Cancel(id=c.id or "")))
             stranger.send_multipart(encode(Status()))  # answered after the cancels were handled
@@ -255,10 +286,7 @@ def test_a_client_resending_an_id_through_the_broker_gets_the_first_answer(pool:
     pool.wait_for_executors(1)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
-        first, second = ctx.socket(zmq.DEALER), ctx.socket(zmq.DEALER)
-        for sock in (first, second):
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(pool.frontend)
+        first, second = _raw_clients(ctx, pool.frontend, 2)
         call = Call(tool="work", kwargs={"tag": "once", "log": str(log), "seconds": 0.3}, id=uuid.uuid4().hex)
         for sock in (first, first, second):  # a resend, and another client with the same id: one call
             sock.send_multipart(encode(call))
@@ -277,6 +305,42 @@ def test_a_client_resending_an_id_through_the_broker_gets_the_first_answer(pool:
     assert isinstance(refused, Result) and refused.error is not None and refused.error.kind == "protocol"
     assert "already used for a different call" in refused.error.message
     assert log.read_text().split() == ["once", log.read_text().split()[1]]
+
+
+def test_a_client_flooding_the_broker_cannot_evict_another_clients_answer_and_nothing_runs_twice(
+        pool: Pool, tmp_path: Path) -> None:
+    """Client A's call runs on the first executor; client B then floods twice the broker's result cache
+    in answers, and the first executor dies. A's resend is answered from the broker's cache (B's flood
+    pushed out B's own oldest answers, not A's), and B's resend of its first id, whose answer is gone,
+    is answered `unavailable` (already ran) rather than run again on the executor that is left."""
+    log = tmp_path / "side-effects.log"
+    pool.start_broker("--result-cache-mb", "1")
+    first = pool.add_executor([BULK], 2)
+    pool.wait_for_executors(1)
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    try:
+        alice, bob = _raw_clients(ctx, pool.frontend, 2)
+        mine = Call(tool="bulk", kwargs={"tag": "A", "log": str(log)}, id="A-" + uuid.uuid4().hex)
+        [answer] = _ask(alice, [mine]).values()
+        assert answer.ok, answer.error
+
+        pool.add_executor([BULK], 2)
+        pool.wait_for_executors(2)
+        flood = [Call(tool="bulk", kwargs={"tag": f"B{i}", "log": str(log)}, id=uuid.uuid4().hex)
+                 for i in range(32)]  # twice the 1 MiB cache
+        assert all(r.ok for r in _ask(bob, flood).values())
+        pool.kill(first)  # the executor that ran A's call, and holds it in its own cache, is gone
+        pool.wait_for_executors(1)
+
+        [again] = _ask(alice, [mine]).values()
+        [gone] = _ask(bob, [flood[0]]).values()
+    finally:
+        ctx.destroy(0)
+    assert again == answer, "the resend is answered with the first answer, from the broker's cache"
+    assert gone.error is not None and gone.error.kind == "unavailable", gone
+    assert "already ran" in gone.error.message and "not run again" in gone.error.message
+    runs = collections.Counter(line.split()[0] for line in log.read_text().splitlines())
+    assert runs["A"] == 1 and runs["B0"] == 1 and max(runs.values()) == 1, runs
 
 
 def test_an_executor_cannot_answer_a_call_it_was_not_given_and_a_silent_one_is_dropped(pool: Pool) -> None:
@@ -400,35 +464,23 @@ def test_the_broker_queue_is_bounded_in_bytes_in_all_and_per_client(pool: Pool) 
     big = "x" * (300 * 1024)
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
     try:
-        socks = []
-        for _ in range(4):
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(pool.frontend)
-            socks.append(sock)
-        a, b, c, d = socks
+        a, b, c, d = _raw_clients(ctx, pool.frontend, 4)
 
         def send(sock: zmq.Socket[bytes], tag: str, seconds: float = 0.0) -> None:
             sock.send_multipart(encode(Call(tool="work", kwargs={"tag": tag, "seconds": seconds},
                                             id=uuid.uuid4().hex)))
 
-        def answer(sock: zmq.Socket[bytes]) -> Result:
-            assert sock.poll(30_000), "no answer"
-            msg = decode(sock.recv_multipart())
-            assert isinstance(msg, Result)
-            return msg
-
         send(a, "busy", seconds=2.0)
         wait_until("the worker to be busy", lambda: (r := pool.status()) is not None and r.busy == 1)
         send(a, big)
         send(a, big + "-again")
-        over_share = answer(a)
+        over_share = _answer(a)
         for sock in (b, c):
             send(sock, big)
         wait_until("three calls queued", lambda: (r := pool.status()) is not None and r.queued == 3)
         send(d, big)
-        over_total = answer(d)
-        later = [answer(sock) for sock in (a, a, b, c)]
+        over_total = _answer(d)
+        later = [_answer(sock) for sock in (a, a, b, c)]
     finally:
         ctx.destroy(0)
     assert over_share.error is not None and over_share.error.kind == "unavailable", over_share
