@@ -388,6 +388,13 @@ def _reply_cap(limits: Limits) -> int:
     return reply_cap(limits)
 
 
+def _is_start(frame: bytes) -> bool:
+    try:
+        return Started.from_wire(_decode(frame) or {}) is not None
+    except ChannelError:
+        return False  # held, and judged by the supervisor like any malformed message
+
+
 def _decode(frame: bytes) -> object:
     try:
         return unpack(frame[_HEADER.size:])
@@ -397,9 +404,11 @@ def _decode(frame: bytes) -> object:
 
 class Keeper:
     """The process a hardened ``--workspace-rw`` worker is, outside the sandbox: it relays the
-    channel between the supervisor and ``child`` (the sandboxed process running the call), holds the
-    reply until ``child`` has exited, commits the call's upper layer, then forwards the reply and
-    exits as ``child`` did (same exit code or signal, so the supervisor reports deaths as usual)."""
+    channel between the supervisor and ``child`` (the sandboxed process running the call), holds
+    what ``child`` sends after its start until no process of the call runs any more, commits the
+    call's upper layer if that was the reply to the request, then forwards it. A ``child`` that dies
+    before answering is mirrored (the keeper exits with its exit code or signal, so the supervisor
+    reports the death as usual)."""
 
     def __init__(self, chan: socket.socket, inner: socket.socket, child: int, upper: str, workspace: str,
                  quota: int, max_result_kb: int, pid_namespace: bool = True, tally: str | None = None) -> None:
@@ -409,7 +418,7 @@ class Keeper:
         self.request: CallRequest | None = None
         self.from_supervisor = _Frames()
         self.from_child = _Frames()
-        self.held: list[bytes] = []  # frames of the child after its start, until it exited
+        self.held: list[bytes] = []  # frames of the child after its start, until the call is stopped
         self.passthrough = False  # something we cannot judge: forward as is, apply nothing
         self.pid_namespace = pid_namespace  # the child is PID 1 of its own (else: --allow-degraded)
 
@@ -476,7 +485,7 @@ class Keeper:
             return False
         self.from_supervisor.feed(data)
         while (frame := self.from_supervisor.pop()) is not None:
-            with contextlib.suppress(ChannelError):
+            with contextlib.suppress(ValueError):  # ChannelError, pydantic's ValidationError
                 self.request = CallRequest.from_wire(_decode(frame))
                 if self.request.limits:
                     self.cap = _reply_cap(Limits.model_validate(self.request.limits))
@@ -503,7 +512,7 @@ class Keeper:
             frame = self.from_child.pop()
             if frame is None:
                 return True
-            if not self.held and Started.from_wire(_decode(frame) or {}) is not None:
+            if not self.held and _is_start(frame):
                 self.chan.sendall(frame)  # the call started: from here on it may have had effects
             else:
                 self.held.append(frame)
