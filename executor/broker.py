@@ -104,10 +104,7 @@ class Job:
     member: Member | None = None
     sent_at: float = 0.0
     tried: list[str] = field(default_factory=list)  # executors it was sent to
-    nbytes: int = 0  # of ``frames``
-
-    def __post_init__(self) -> None:
-        self.nbytes = sum(len(f) for f in self.frames)
+    nbytes: int = 0  # encoded size of its tool, arguments and timeout: what the queue's bound counts
 
 
 @dataclass
@@ -374,7 +371,7 @@ class Broker:
         if not cid:
             self._send_frontend(route, Result.failure("", "protocol", "a call must carry an id"))
             return
-        key = _key(call)
+        nbytes, key = fingerprint(call)  # a resend of the id must match key (tool, arguments, timeout)
         job = self.jobs.get(cid)
         seen = join(cid, job.waiters, job.key, route, key) if job is not None else self.calls.answer(cid, key)
         if seen is not None:
@@ -390,13 +387,13 @@ class Broker:
             self._answer_now(route, Result.failure(cid, "unknown_tool",
                                                    f"no tool named {call.tool!r} in the pool; available: {names}"))
             return
-        job = Job(call=call, frames=_encode(call), client=route, waiters=[route], spec=spec,
-                  timeout=self._timeout(call, spec), queued_at=now, key=key)
-        full = self._queue_full(job)
+        full = self._queue_full(route, nbytes)
         if full:
             self._answer_now(route, Result.failure(cid, "unavailable", f"the broker's queue is full ({full}); the "
                                                    "call did not run"))
             return
+        job = Job(call=call, frames=_encode(call), client=route, waiters=[route], spec=spec,
+                  timeout=self._timeout(call, spec), queued_at=now, key=key, nbytes=nbytes)
         self.jobs[cid] = job
         self.calls.record(cid, key, now)
         held_by = self.locations.pop(cid, None)
@@ -408,21 +405,22 @@ class Broker:
             return
         self.waiting.push(job)
 
-    def _queue_full(self, job: Job) -> str:
-        """Why ``job`` does not fit in the queue ("" if it does): bounded in calls and in encoded bytes,
-        in all and for its client (so that one client's flood leaves room for the others' calls)."""
+    def _queue_full(self, client: bytes, nbytes: int) -> str:
+        """Why a call of ``nbytes`` from ``client`` does not fit in the queue ("" if it does): bounded in
+        calls and in encoded bytes, in all and per client (so that one client's flood leaves room for
+        the others' calls)."""
         q, mib = self.waiting, 1024**2
         if len(q) >= self.max_queue:
             return f"{len(q)} calls waiting"
-        if q.of(job.client) >= self.max_queue_per_client:
-            return f"this client has {q.of(job.client)} calls waiting, its most"
-        if q.bytes + job.nbytes > self.max_queue_bytes:
-            return (f"{q.bytes / mib:.1f} MiB waiting, {job.nbytes / mib:.1f} MiB more would pass its "
+        if q.of(client) >= self.max_queue_per_client:
+            return f"this client has {q.of(client)} calls waiting, its most"
+        if q.bytes + nbytes > self.max_queue_bytes:
+            return (f"{q.bytes / mib:.1f} MiB waiting, {nbytes / mib:.1f} MiB more would pass its "
                     f"{self.max_queue_bytes // mib} MiB")
         share = self.max_queue_bytes // CLIENT_SHARE
-        if q.bytes_of(job.client) and q.bytes_of(job.client) + job.nbytes > share:  # one call always fits
-            return (f"this client has {q.bytes_of(job.client) / mib:.1f} MiB waiting, {job.nbytes / mib:.1f} MiB "
-                    f"more would pass its share, {share / mib:g} MiB")
+        if q.bytes_of(client) and q.bytes_of(client) + nbytes > share:  # one call always fits
+            return (f"this client has {q.bytes_of(client) / mib:.1f} MiB waiting, {nbytes / mib:.1f} MiB more "
+                    f"would pass its share, {share / mib:g} MiB")
         return ""
 
     def _earlier_run(self, job: Job) -> Member | Result | None:
@@ -716,12 +714,6 @@ class Broker:
                       busy=sum(e.busy for e in executors), queued=len(self.waiting), served=self.stats.served,
                       worker_restarts=sum(e.worker_restarts for e in executors), executors=executors,
                       tools=self.stats.tool_stats())
-
-
-def _key(call: Call) -> int:
-    """What identifies a call apart from its id (as the executor's call table sees it): a resend of
-    the id must carry the same tool, arguments and timeout."""
-    return fingerprint(call)[1]
 
 
 def _spec_of(member: Member, name: str) -> ToolSpec | None:
