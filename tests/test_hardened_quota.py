@@ -64,8 +64,8 @@ def _added(before: dict[str, list[str]], after: dict[str, list[str]]) -> dict[st
     return {k: sorted(set(v) - set(before[k])) for k, v in after.items() if set(v) - set(before[k])}
 
 
-def _start(top: Path, workspace: Path, quota_mb: int = QUOTA_MB) -> Served:
-    sockdir = top / "run"
+def _start(top: Path, workspace: Path, quota_mb: int = QUOTA_MB, sockdir: Path | None = None) -> Served:
+    sockdir = sockdir or top / "run"
     sockdir.mkdir(mode=0o700)
     sock = sockdir / "executor.sock"
     cmd = [sys.executable, "-m", "executor.cli", "serve", "--profile", "hardened", "--skip-selfcheck",
@@ -415,6 +415,27 @@ def test_the_quota_reaches_the_hardened_profile(monkeypatch: pytest.MonkeyPatch,
     sandbox = hardening.active()
     assert sandbox is not None and sandbox.keeper
     assert (sandbox.config.workspace_quota_mb, sandbox.config.max_result_kb) == (3, 64)
+
+
+def test_the_executors_socket_directory_inside_the_workspace_stays_hidden(tmp_path: Path) -> None:
+    """An overlay layer does not show the mounts under it: what the hardened view hides inside the
+    workspace is hidden again on top of the overlay."""
+    require_layer(not MISSING, f"this machine lacks hardened layers: {MISSING}")
+    top = Path(tempfile.mkdtemp(prefix="ciayn-quota-", dir="/var/tmp"))
+    top.chmod(0o755)
+    workspace = top / "workspace"
+    workspace.mkdir()
+    s = _start(top, workspace, sockdir=workspace / "run")
+    try:
+        assert s.call("listing()").value == ["run"]
+        for text in ("listing(name='run')", "write(name='run/x', text='in')"):
+            result = s.call(text)
+            assert not result.ok and result.error is not None and "Permission denied" in result.error.message
+        assert s.call("remove(name='run')").value.startswith("denied")
+        assert [p.name for p in (workspace / "run").iterdir()] == ["executor.sock"]
+    finally:
+        _stop(s)
+        shutil.rmtree(top, ignore_errors=True)
 
 
 # --- the host after the executor --------------------------------------------------------------------
