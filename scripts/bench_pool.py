@@ -8,10 +8,12 @@ broker exists, else with one executor (``serve --workers N``).
 
 Where the CPU goes: at the most workers, one more window of the sleeping tool with every
 controller, ``CPU_WINDOWS`` times as long (CPU times count in clock ticks), is measured in CPU
-seconds per call of each part (controllers, broker, executors' supervisors, their
-workers and templates, reaped ones included). On a machine shared with other work the calls/s figures
-say more about the load than the pool; ``cpu_bound_scaling`` does not: it is the scaling the machine's
-cores would allow if the pool had them to itself (cores / CPU per call, over linear)."""
+seconds per call of each part (controllers, broker, executors' supervisors, their workers and
+templates, reaped ones included). On a machine shared with other work the calls/s figures say more
+about the load than the pool; the CPU per call does not. From it: ``cpu_bound_calls_per_s``, what
+the machine's cores would allow if the pool had them to itself (cores / CPU per call), and that
+over linear, both from one worker's measured rate (``cpu_bound_scaling_vs_1_worker``, the target's
+measure) and from the tool's ideal (``cpu_bound_scaling_vs_ideal``, 100 calls/s a worker)."""
 
 from __future__ import annotations
 
@@ -101,12 +103,14 @@ def _cpu_s(running: Running, controllers: list[int], via_broker: bool) -> dict[s
     return parts
 
 
-def _cpu_per_call(before: dict[str, float], after: dict[str, float], calls: float, workers: int) -> dict[str, Any]:
+def _cpu_per_call(before: dict[str, float], after: dict[str, float], calls: float, workers: int,
+                  one_worker_rate: float) -> dict[str, Any]:
     per_call = {k: round((after[k] - before[k]) / max(calls, 1.0) * 1e6) for k in before}
     total = sum(per_call.values())
-    cores = len(os.sched_getaffinity(0))
-    return {"workers": workers, "us": per_call, "total_us": total,
-            "cpu_bound_scaling": round(cores * 1e6 / max(total, 1) / (workers / SLEEP_S), 3)}
+    bound = len(os.sched_getaffinity(0)) * 1e6 / max(total, 1)
+    return {"workers": workers, "us": per_call, "total_us": total, "cpu_bound_calls_per_s": round(bound, 1),
+            "cpu_bound_scaling_vs_1_worker": round(bound / (workers * one_worker_rate), 3) if one_worker_rate else None,
+            "cpu_bound_scaling_vs_ideal": round(bound / (workers / SLEEP_S), 3)}
 
 
 def _scaling(rates: dict[str, list[float]], workers: tuple[int, ...]) -> dict[str, list[float | None]]:
@@ -145,7 +149,9 @@ def run(features: Features, sizes: Sizes) -> dict[str, Any]:
                                                      sizes.pool_warmup_s, CPU_WINDOWS * sizes.pool_window_s)
                         # the window's rate over the whole measurement: about the calls made in it
                         calls = sum(a["rate"] for a in answers) * (time.monotonic() - started - sizes.pool_warmup_s)
-                        cpu[mode] = _cpu_per_call(before, _cpu_s(running, pids, features.broker), calls, workers)
+                        one = series[mode]["nap"][str(max(sizes.pool_controllers))][0]  # workers go up from 1
+                        cpu[mode] = _cpu_per_call(before, _cpu_s(running, pids, features.broker), calls, workers,
+                                                  one)
     finally:
         controllers.close()
 
