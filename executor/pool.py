@@ -123,6 +123,7 @@ class WorkerPool:
         self.slots: dict[int, Slot] = {}  # live workers by id
         self.spawning: dict[int, float] = {}  # worker id -> when the template was asked for it
         self.retiring: dict[int, float] = {}  # pid -> when it answered its one call (it exits by itself)
+        self.releasing: list[socket.socket] = []  # their channels: closed when the pool is quiet, and then they exit
         self.abandoned: dict[int, str] = {}  # pid -> why: killed, but it did not die
         self.next_id = 0
         self.specs: dict[str, ToolSpec] = {}
@@ -182,6 +183,7 @@ class WorkerPool:
 
     def stop(self) -> None:
         self.stopping = True
+        self._release()
         for slot in list(self.slots.values()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(slot.pid, signal.SIGKILL)
@@ -253,6 +255,7 @@ class WorkerPool:
             self._close_slot(slot)
         self.spawning.clear()
         self.retiring.clear()
+        self._release()
         kill_children(wait=REPLACE_WAIT)  # the old template's orphans came to us (what SIGKILL cannot stop is left)
         self._remove_groups()
         self.template_restarts += 1
@@ -362,16 +365,14 @@ class WorkerPool:
         else:
             want = self.size - self.ready()
         missing = want - len(self.spawning)
-        if missing <= 0:
-            self.refill_at = 0.0
-            return
-        if not urgent and not self.config.reuse and not (self.queued() and not self.ready()):
+        if missing > 0 and not urgent and not self.config.reuse and not (self.queued() and not self.ready()):
             now = time.monotonic()
             if not self.refill_at:
                 self.refill_first = now
             self.refill_at = min(self.refill_first + REFILL_MAX_DELAY, now + REFILL_QUIET)
             return
         self.refill_at = 0.0
+        self._release()
         for _ in range(missing):
             self.next_id += 1
             self.spawning[self.next_id] = time.monotonic()
@@ -620,10 +621,17 @@ class WorkerPool:
 
     def _retire(self, slot: Slot) -> None:
         """Forget a worker that is done (answered its one call, or was killed): its exit is expected
-        within ``RETIRE_GRACE``, else it is killed."""
+        within ``RETIRE_GRACE``, else it is killed. A fresh worker that answered exits when its channel
+        is closed, which waits (with the refill) until the pool is quiet: its exit and the template's
+        clean-up after it then do not take the CPU the answer needs on its way to the client."""
         self.retiring[slot.pid] = time.monotonic()
-        self._close_slot(slot)
+        self._close_slot(slot, release_later=not self.config.reuse and not slot.killed)
         self._refill(urgent=False)
+
+    def _release(self) -> None:
+        """Close the channels of fresh workers that answered: they exit on it."""
+        while self.releasing:
+            self.releasing.pop().close()
 
     def _abandon(self, slot: Slot, why: str) -> None:
         """Answer the call of a worker that will not die and forget the worker; its exit, if it ever
@@ -683,10 +691,13 @@ class WorkerPool:
         self._close_slot(slot)
         self.dispatch()
 
-    def _close_slot(self, slot: Slot) -> None:
+    def _close_slot(self, slot: Slot, release_later: bool = False) -> None:
         for fd in (slot.chan.fileno(), slot.out_fd, slot.err_fd):
             self._unregister(fd)
-        slot.chan.close()
+        if release_later:
+            self.releasing.append(slot.chan)
+        else:
+            slot.chan.close()
         for fd in (slot.out_fd, slot.err_fd):
             if fd >= 0:
                 with contextlib.suppress(OSError):

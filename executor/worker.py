@@ -388,8 +388,21 @@ def worker_loop(chan: socket.socket, tools: dict[str, Tool], config: WorkerConfi
             chan.sendall(data)
         except OSError:
             return
-        if replace or not config.reuse:
+        if not config.reuse:
+            _await_release(chan)
             return
+        if replace:
+            return
+
+
+def _await_release(chan: socket.socket) -> None:
+    """A fresh worker that answered waits for the supervisor to close its channel before it exits:
+    the supervisor does so once the executor is quiet, so that this exit, and the template's clean-up
+    after it, do not compete with the answer on its way. If the supervisor never closes it, it kills
+    this worker (``RETIRE_GRACE``)."""
+    with contextlib.suppress(OSError):
+        while chan.recv(4096):
+            pass
 
 
 def _started(seq: int) -> bytes:

@@ -649,3 +649,32 @@ def test_a_forged_reply_never_answers_another_call(make_client: Callable[..., Ex
         assert first.value in ("forged", "real result of forge") or first.error is not None
         assert second.value == "secret" or (second.error is not None and second.error.kind == "crashed"), second
         assert client.call(Call(tool="echo", args=["after"])).value == "after"
+
+
+def test_a_fresh_worker_exits_soon_after_its_answer_and_is_replaced(
+    make_client: Callable[..., ExecutorClient], executor_pids: Callable[[ExecutorClient], list[int]]
+) -> None:
+    """A fresh worker that answered waits for the executor to be quiet before it exits (its exit then
+    does not compete with the answer), but not longer: it is gone well before it would be killed for
+    lingering (RETIRE_GRACE), and its replacement is forked ahead, whether calls come apart or back to
+    back."""
+    from executor.pool import RETIRE_GRACE
+
+    client = make_client(workers=2)
+    used = []
+    for pause in (0.0, 0.0, 0.0, 0.05, 0.05):
+        time.sleep(pause)
+        r = client.call(Call(tool="noop"))
+        assert r.ok and r.worker is not None, r
+        used.append(r.worker.pid)
+    assert len(set(used)) == len(used), "a fresh worker ran a second call"
+    t0 = time.monotonic()
+    while any(_alive(p) for p in used) and time.monotonic() - t0 < RETIRE_GRACE:
+        time.sleep(0.01)
+    gone_after = time.monotonic() - t0
+    assert not any(_alive(p) for p in used), "a worker that answered did not exit"
+    assert gone_after < RETIRE_GRACE / 2, f"workers took {gone_after:.2f} s to exit: were they killed for lingering?"
+    t0 = time.monotonic()  # supervisor, template and the two workers forked ahead
+    while len(executor_pids(client)) < 4 and time.monotonic() - t0 < 5:
+        time.sleep(0.01)
+    assert len(executor_pids(client)) == 4, executor_pids(client)
