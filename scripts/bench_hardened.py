@@ -207,12 +207,12 @@ APPLY_FILES, APPLY_BYTES = 100, 10 * 1000 * 1000  # one call's changes: 100 file
 def _applies(rounds: int) -> list[float]:
     """``overlay.commit`` alone, ``rounds`` times, in a child with a mount namespace of its own:
     an upper layer (tmpfs) holding 100 new files of 100 kB applied to an empty workspace."""
+    top = tempfile.mkdtemp(prefix="ciayn-bench-apply-", dir="/var/tmp")  # removed here once the child is gone
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
         out: Any = []
-        top = tempfile.mkdtemp(prefix="ciayn-bench-apply-", dir="/var/tmp")
         try:
             libc = hardening._libc
             assert libc.unshare(hardening.CLONE_NEWNS) == 0, "unshare(CLONE_NEWNS)"
@@ -232,7 +232,6 @@ def _applies(rounds: int) -> list[float]:
                 assert problem is None and len(os.listdir(workspace)) == APPLY_FILES, problem
         except BaseException as e:
             out = {"error": repr(e)}
-        shutil.rmtree(top, ignore_errors=True)
         os.write(w, json.dumps(out).encode())
         os._exit(0)
     os.close(w)
@@ -240,7 +239,8 @@ def _applies(rounds: int) -> list[float]:
     while chunk := os.read(r, 65536):
         chunks.append(chunk)
     os.close(r)
-    os.waitpid(pid, 0)
+    os.waitpid(pid, 0)  # its mount namespace, and the tmpfs mounts on the directories under top, are gone
+    shutil.rmtree(top, ignore_errors=True)
     result = json.loads(b"".join(chunks))
     if isinstance(result, dict):
         raise RuntimeError(result["error"])
