@@ -21,6 +21,7 @@ results, and the worker pool takes queued calls out.
 from __future__ import annotations
 
 import collections
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -190,6 +191,7 @@ class CallTable:
         self.queue: collections.deque[Job] = collections.deque()
         self.queued_bytes = 0
         self.expired: list[tuple[Job, Result]] = []  # left the queue unrun; the supervisor answers them
+        self.next_expiry = math.inf  # no queued call runs out of its wait before this (a lower bound)
 
     @property
     def executed(self) -> dict[int, int]:
@@ -229,6 +231,7 @@ class CallTable:
         job.arrived = now
         self.jobs[job.call_id] = job
         self.queue.append(job)
+        self.next_expiry = min(self.next_expiry, job.arrived + self.queue_wait_bound(job))
         self.queued_bytes += job.size
         self.ran.record(job.call_id, job.digest, now)
         return None
@@ -261,7 +264,9 @@ class CallTable:
     def expire(self, now: float) -> float:
         """Set aside the queued calls that waited too long; return the seconds until the next one
         would (inf if none is queued)."""
-        due = float("inf")
+        if now < self.next_expiry:  # the loop asks on every turn: no scan of the queue while none can be due
+            return self.next_expiry - now
+        due = math.inf
         for job in list(self.queue):
             left = job.arrived + self.queue_wait_bound(job) - now
             if left <= 0:
@@ -270,6 +275,7 @@ class CallTable:
                 self._expire(job, now - job.arrived)
             else:
                 due = min(due, left)
+        self.next_expiry = now + due
         return due
 
     def _expire(self, job: Job, waited: float) -> None:
@@ -298,6 +304,7 @@ class CallTable:
         job.stderr.clear()
         self.queue.appendleft(job)
         self.queued_bytes += job.size
+        self.next_expiry = min(self.next_expiry, job.arrived + self.queue_wait_bound(job))
 
     def unqueue(self, job: Job) -> bool:
         """Take a job out of the queue (cancelled before it started); False if it is not queued."""

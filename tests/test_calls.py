@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from executor.calls import ANY_DIGEST, AtMostOnce, fingerprint, join
-from protocol import Call
+import math
+import time
+
+import pytest
+
+from executor.calls import ANY_DIGEST, AtMostOnce, CallTable, Job, fingerprint, join
+from protocol import Call, Limits
 
 
 def _digest(call: Call) -> int:
@@ -55,3 +60,36 @@ def test_a_resend_of_a_call_in_flight_joins_it_once_and_another_call_under_its_i
     assert waiters == [b"first", b"second"]
     refused = join("a", waiters, 5, b"third", 6)
     assert not refused.joined and refused.refusal is not None and waiters == [b"first", b"second"]
+
+
+
+def test_queued_calls_expire_at_their_own_bound_though_the_queue_is_not_scanned_on_every_turn() -> None:
+    """The supervisor's loop asks ``expire`` on every turn, which does not scan the queue until a call
+    can be due; each call still runs out at its own bound (its timeout or ``max_wait``), one queued
+    after a scan or put back by ``requeue`` too."""
+    table = CallTable(16, max_wait=5.0)
+    t0 = time.monotonic()
+
+    def admit(cid: str, timeout: float, now: float) -> Job:
+        job = Job(call=Call(id=cid, tool="noop"), call_id=cid, waiters=[b"c"], limits=Limits(timeout_s=timeout))
+        assert table.admit(job, now) is None
+        return job
+
+    def expired() -> list[str]:
+        return [job.call_id for job, _ in table.take_expired()]
+
+    admit("slow", 60.0, t0)  # bound: max_wait, due at t0 + 5
+    admit("quick", 1.0, t0 + 0.5)  # bound: its timeout, due at t0 + 1.5
+    assert table.expire(t0 + 0.6) == pytest.approx(0.9) and not expired()
+    assert table.expire(t0 + 1.5) == pytest.approx(3.5)
+    [(job, answer)] = table.take_expired()
+    assert job.call_id == "quick" and answer.error is not None and answer.error.kind == "unavailable"
+    admit("late", 0.2, t0 + 2.0)  # queued after the scan: due before "slow"
+    assert table.expire(t0 + 2.3) == pytest.approx(2.7) and expired() == ["late"]
+    again = admit("again", 0.5, t0 + 2.5)
+    table.queue.remove(again)  # given to a worker (as next_queued does)...
+    table.queued_bytes -= again.size
+    table.requeue(again)  # its worker died before it started: back at the head, arrived anew
+    assert table.expire(again.arrived + 0.6) > 0 and expired() == ["again"]
+    assert [job.call_id for job in table.queue] == ["slow"]
+    assert table.expire(t0 + 5.0) == math.inf and expired() == ["slow"]
