@@ -15,6 +15,10 @@ import zmq
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("LITELLM_OFFLINE_MODE", "true")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The embedded model's llama.cpp server (started by tests, inheriting this environment) parks its
+# OpenMP threads instead of spinning: spinning threads beside a parallel suite on two cores slow it
+# (and every test beside it) several times over, into timeouts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from controller import ExecutorClient, LocalExecutor
 

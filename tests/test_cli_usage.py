@@ -32,11 +32,23 @@ ROOT = Path(__file__).parent.parent
 DONE = 'complete_task(summary="all done")'
 
 
-def wait_for(condition: Callable[[], bool], within: float, what: str) -> None:
+# How long a ``ciayn`` child may take to get going (Python, litellm's import, a private executor, the
+# first model request): seconds when the machine is idle, much longer beside a parallel test suite.
+START_S = 60
+
+
+def wait_for(condition: Callable[[], bool], within: float, what: str, c: Ciayn | None = None) -> None:
+    """Poll ``condition`` until it holds; fail after ``within`` seconds, or at once if ``c`` exited,
+    showing what ``c`` printed."""
     deadline = time.monotonic() + within
     while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {within} s: {what}")
+        exited = c is not None and c.proc.poll() is not None
+        if exited or time.monotonic() > deadline:
+            if condition():
+                return
+            why = f"ciayn exited {c.proc.returncode} before" if exited and c is not None else f"not within {within} s"
+            shown = f"\nstdout:\n{c.out[-3000:]}\nstderr:\n{c.err[-3000:]}" if c is not None else ""
+            raise AssertionError(f"{why}: {what}{shown}")
         time.sleep(0.05)
 
 
@@ -110,7 +122,7 @@ def test_first_ctrl_c_cancels_the_running_call_at_the_executor_and_ends_stopped(
 ) -> None:
     with LLMStub(["slow(seconds=60)", DONE]) as stub:
         c = ciayn(*run_argv(stub.api_base, workspace, "--json"))
-        wait_for(lambda: "slow started" in log_lines(workspace), 30, "the slow call started in a worker")
+        wait_for(lambda: "slow started" in log_lines(workspace), START_S, "the slow call started in a worker", c)
         started = time.monotonic()
         c.interrupt()
         code = c.wait(15)
@@ -134,7 +146,7 @@ def test_first_ctrl_c_abandons_a_slow_model_request(ciayn: Callable[..., Ciayn],
 
     with LLMStub([slow_model]) as stub:
         c = ciayn(*run_argv(stub.api_base, workspace))
-        wait_for(lambda: len(stub.requests) == 1, 30, "the model request was sent")
+        wait_for(lambda: len(stub.requests) == 1, START_S, "the model request was sent", c)
         started = time.monotonic()
         c.interrupt()
         code = c.wait(15)
@@ -155,11 +167,11 @@ def test_second_ctrl_c_exits_at_once_when_the_executor_does_not_answer(
         argv = ["run", "do the task", "--model", "openai/stub", "--api-base", stub.api_base, "--backend", "ciayn",
                 "--executor", local.endpoint]
         c = ciayn(*argv)
-        wait_for(lambda: "slow started" in log_lines(workspace), 30, "the slow call started")
+        wait_for(lambda: "slow started" in log_lines(workspace), START_S, "the slow call started", c)
         os.kill(local.proc.pid, signal.SIGSTOP)  # the executor can no longer confirm a cancel
         try:
             c.interrupt()
-            wait_for(lambda: "Ctrl-C: stopping" in c.out, 10, "the first Ctrl-C was acknowledged")
+            wait_for(lambda: "Ctrl-C: stopping" in c.out, 10, "the first Ctrl-C was acknowledged", c)
             started = time.monotonic()
             c.interrupt()
             code = c.wait(10)
@@ -172,7 +184,7 @@ def test_second_ctrl_c_exits_at_once_when_the_executor_does_not_answer(
 
 def test_ciayn_call_ctrl_c_cancels_the_call(ciayn: Callable[..., Ciayn], workspace: Path) -> None:
     c = ciayn("call", "slow(seconds=60)", "--tools", CIAYN_TOOLS, "--workspace", str(workspace))
-    wait_for(lambda: "slow started" in log_lines(workspace), 30, "the call started")
+    wait_for(lambda: "slow started" in log_lines(workspace), START_S, "the call started", c)
     c.interrupt()
     assert c.wait(15) == 130
     assert "cancelling slow(seconds=60)" in c.err and "cancelled" in c.err
