@@ -52,7 +52,7 @@ from protocol import (
 )
 from protocol.codec import valid_id
 from protocol.messages import ID_PATTERN, MAX_TIMEOUT_S
-from protocol.wire import bound_socket, ipc_owner_problem, ipc_path, recv_message
+from protocol.wire import LogBudget, bound_socket, ipc_owner_problem, ipc_path, recv_message
 
 log = logging.getLogger("ciayn.client")
 
@@ -129,6 +129,10 @@ class ExecutorClient:
         self._bad_welcome = ""  # why the last welcome could not be decoded
         self._incarnation: int | None = None
         self._resend_due = False  # reconnected: resend calls in flight once the executor is known
+        self._welcome_due = False  # the executor restarted: ask for its tools again (one hello at a time)
+        self._last_hello = -math.inf
+        # What the executor sends goes to the caller's log at a bounded rate, whatever it sends.
+        self._complaints = LogBudget(log, "complaints about messages from the executor")
         self._last_heard = time.monotonic()
         self._alive = False
         self._closed = False
@@ -306,6 +310,10 @@ class ExecutorClient:
                     break
                 if sock in events and events[sock] & zmq.POLLIN:
                     self._receive(sock, pending)
+                if self._welcome_due and now - self._last_hello >= HEARTBEAT_INTERVAL:
+                    self._last_hello = now  # an executor announcing a new incarnation per pong gets one a beat
+                    self._queue(Hello(client="ciayn"))
+                self._complaints.flush(now)
                 if now >= next_ping:
                     self._queue(Ping(nonce=int(now * 1000)))
                     next_ping = now + HEARTBEAT_INTERVAL
@@ -434,7 +442,7 @@ class ExecutorClient:
             try:
                 msg = decode(frames)
             except ProtocolError as e:
-                log.warning("malformed message from the executor: %s", e)
+                self._complaints.warning("malformed message from the executor: %s", e)
                 if e.about == "welcome":
                     self._bad_welcome = str(e)
                 if e.about == "result" and e.call_id in pending:  # it answers that call, unreadably
@@ -443,17 +451,28 @@ class ExecutorClient:
                 continue
             if isinstance(msg, Result):
                 if msg.id in pending:
-                    self._resolve(pending, msg.id, msg)
+                    self._resolve(pending, msg.id, self._checked(msg))
                 elif msg.error is not None and msg.error.kind == "protocol":
-                    log.warning("the executor rejected a message: %s", msg.error.message)
+                    self._complaints.warning("the executor rejected a message: %s", msg.error.message)
             elif isinstance(msg, Pong):
                 if msg.error is not None:
-                    log.warning("the executor rejected a ping: %s", msg.error.message)
+                    self._complaints.warning("the executor rejected a ping: %s", msg.error.message)
                 self._check_incarnation(msg.incarnation, pending)
             elif isinstance(msg, Welcome):
                 self._check_incarnation(msg.incarnation, pending)
                 self._welcome = msg
+                self._welcome_due = False
                 self._welcome_event.set()
+
+    def _checked(self, result: Result) -> Result:
+        """``result``, unless it contradicts itself: ``error`` is set exactly when ``ok`` is false
+        (SPEC.md section 5), and callers rely on it (``result.error.kind`` after ``not result.ok``).
+        Such an answer is ``protocol``, like any other answer that cannot be read."""
+        if result.ok != (result.error is not None):
+            return result
+        problem = "ok is true but an error is given" if result.ok else "ok is false but no error is given"
+        self._complaints.warning("malformed result from the executor for call %s: %s", result.id, problem)
+        return Result.failure(result.id, "protocol", f"the executor's answer could not be read: {problem}")
 
     def _check_incarnation(self, incarnation: int, pending: dict[str, _Pending]) -> None:
         if self._incarnation is None:
@@ -467,10 +486,10 @@ class ExecutorClient:
                     self._resend(cid, p)
             return
         self._resend_due = False
-        log.warning("the executor at %s restarted (incarnation %s -> %s)", self.endpoint, self._incarnation,
-                    incarnation)
+        self._complaints.warning("the executor at %s restarted (incarnation %s -> %s)", self.endpoint,
+                                 self._incarnation, incarnation)
         self._incarnation = incarnation
-        self._queue(Hello(client="ciayn"))  # refresh the tool specs
+        self._welcome_due = True  # refresh the tool specs
         for cid, p in list(pending.items()):
             if p.sent_incarnation == incarnation:
                 continue

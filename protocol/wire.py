@@ -5,8 +5,10 @@ off a socket.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
+import time
 from typing import Any
 
 import zmq
@@ -14,6 +16,42 @@ import zmq
 from protocol.codec import SOCKET_MAX_FRAME_BYTES
 
 MAX_FRAMES = 3  # version, kind, body: a ROUTER adds one routing frame in front
+LOG_BURST = 20  # complaints about a peer logged per window, at most...
+LOG_WINDOW = 10.0  # ...seconds; the rest are counted and summed up in one line
+
+
+class LogBudget:
+    """Log lines about what a peer sent (malformed messages, refused handshakes), at most ``burst`` per
+    ``window`` seconds; the rest are counted and reported in one line once the window is over, so a
+    peer sending a flood of bad messages cannot fill the disk through our log. Not thread-safe: one
+    per I/O loop."""
+
+    def __init__(self, log: logging.Logger, what: str, *, burst: int = LOG_BURST, window: float = LOG_WINDOW) -> None:
+        self.log = log
+        self.what = what
+        self.burst = burst
+        self.window = window
+        self.started = time.monotonic()
+        self.logged = 0
+        self.suppressed = 0
+
+    def warning(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        self.flush(now)
+        if self.logged < self.burst:
+            self.logged += 1
+            self.log.warning(message, *args)
+        else:
+            self.suppressed += 1
+
+    def flush(self, now: float) -> None:
+        """Start a new window once this one is over, reporting what it did not log."""
+        if now - self.started < self.window:
+            return
+        if self.suppressed:
+            self.log.warning("%d more %s in the last %.0f s were not logged (at most %d lines per %.0f s)",
+                             self.suppressed, self.what, now - self.started, self.burst, self.window)
+        self.started, self.logged, self.suppressed = now, 0, 0
 
 
 def bound_socket(sock: zmq.Socket[Any]) -> None:
