@@ -35,10 +35,13 @@ CIAYN_TOOLS = str(TESTS / "tools" / "ciayn_tools.py")  # agent-loop tools: side 
 EXCLUSIVE_GROUPS = {
     # each starts the embedded model's llama.cpp server: two at once on two cores starve each other
     "embedded-model": ("test_demo.py", "test_local_model.py", "test_local_e2e.py"),
+    # the first two check that a hardened executor left no mount on the host (a before/after diff of
+    # /proc/self/mountinfo); the third mounts named network namespaces (ip netns) on the host
+    "host-mounts": ("test_hardened.py", "test_hardened_quota.py", "test_broker_netns.py"),
 }
 # Units that take longest, started first so that no worker is left with one of them at the end while
 # the others idle. Only an order: a name missing here costs balance, never correctness.
-LONG_UNITS_FIRST = ("test_hardened.py", "embedded-model", "test_gbnf.py", "test_cli_usage.py", "test_bench.py")
+LONG_UNITS_FIRST = ("embedded-model", "host-mounts", "test_gbnf.py", "test_cli_usage.py", "test_bench.py")
 _GROUP_OF = {module: group for group, modules in EXCLUSIVE_GROUPS.items() for module in modules}
 
 
