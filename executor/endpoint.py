@@ -8,9 +8,11 @@ timers. Nothing here knows about workers or the call table.
 The bound ROUTER is private by default (SPEC.md, Transport): an ipc socket lives in a 0700 directory
 owned by this user (created so, or checked), and abstract ipc or tcp without CurveZMQ is refused unless
 the operator says ``--insecure``. No answer is dropped by a high-water mark: the socket is
-``ROUTER_MANDATORY``, and what a client's pipe cannot take yet waits in an outbox for that client,
-bounded in bytes; a client that lets it overflow has its pending answers dropped and its connection
-closed, with a warning (it may come back and resend; its results stay in the result cache).
+``ROUTER_MANDATORY``, and what a client's pipe cannot take yet waits in an outbox for that client.
+What is held for a client (in its outbox, and large answers ZeroMQ has not finished sending it) is
+bounded in bytes, and so is what is held for all clients together; a client that goes over either
+bound (the heaviest one, for the total) has its pending answers dropped and its connection closed,
+with a warning (it may come back and resend; its results stay in the result cache).
 """
 
 from __future__ import annotations
@@ -39,8 +41,11 @@ RECV_BATCH = 1000  # messages taken per wake-up, so deadlines and workers are se
 RECV_BUDGET_S = 0.02  # ...and seconds spent taking them (a decode costs up to tens of milliseconds)
 HANDSHAKE_IVL_MS = 5000  # a connection that has not completed the ZMTP (and Curve) handshake is closed
 SEND_HWM = 64  # messages libzmq queues for one client; beyond, answers wait in its outbox (counted in bytes)
-OUTBOX_BYTES = 256 * 1024 * 1024  # answers held for one client whose pipe is full, at most
+OUTBOX_BYTES = 256 * 1024 * 1024  # answers held for one client (its outbox and ZeroMQ's pipe to it), at most
+OUTBOX_TOTAL_BYTES = 1024 * 1024 * 1024  # answers held for all clients together, at most
+TRACK_BYTES = 64 * 1024  # answers this large go to ZeroMQ uncopied, followed until it has sent them
 OUTBOX_RETRY = 0.01  # seconds between attempts to send held answers
+PIPE_CHECK = 1.0  # seconds between looks at which large answers ZeroMQ has sent
 MAX_KNOWN_CONNECTIONS = 65536  # clients whose connection is remembered (to disconnect one that does not read)
 
 
@@ -77,9 +82,11 @@ class RouterEndpoint:
     """A bound ROUTER socket, optionally CurveZMQ-authenticated; owns its ipc socket file."""
 
     def __init__(self, ctx: zmq.Context[Any], endpoint: str, *, curve_secret: str | None = None,
-                 curve_clients: str | None = None, insecure: bool = False, outbox_bytes: int = OUTBOX_BYTES) -> None:
+                 curve_clients: str | None = None, insecure: bool = False, outbox_bytes: int = OUTBOX_BYTES,
+                 outbox_total_bytes: int = OUTBOX_TOTAL_BYTES) -> None:
         self.endpoint = endpoint
         self.outbox_limit = outbox_bytes
+        self.total_limit = outbox_total_bytes
         # route -> (descriptor, inode) of the connection it last spoke on, so that a client that does not
         # read its answers can be disconnected; bounded, oldest first.
         self.connections: collections.OrderedDict[bytes, tuple[int, int]] = collections.OrderedDict()
@@ -90,6 +97,11 @@ class RouterEndpoint:
         self.ipc_identity: tuple[int, int] | None = None
         self.outboxes: dict[bytes, collections.deque[list[bytes]]] = {}
         self.outbox_bytes: collections.Counter[bytes] = collections.Counter()
+        # Large answers handed to ZeroMQ and not sent yet (a client that does not read keeps up to
+        # SEND_HWM of them in its pipe, whatever their size), and everything held, for the total bound.
+        self.in_pipe: dict[bytes, collections.deque[tuple[zmq.MessageTracker, int]]] = {}
+        self.pipe_bytes: collections.Counter[bytes] = collections.Counter()
+        self.held_total = 0
         self.check_endpoint(endpoint, curve=bool(curve_secret), insecure=insecure)
         raise_open_files_limit()
         sock = ctx.socket(zmq.ROUTER)
@@ -149,29 +161,79 @@ class RouterEndpoint:
         """Send now, or hold the frames for this client until its pipe has room (never dropped by a
         high-water mark). A client that is gone (no route) is not waited for: it resends its calls
         when it comes back, and they are answered from the result cache."""
-        if route in self.outboxes:
-            self._hold(route, frames)
-            return
-        try:
-            self.socket.send_multipart([route, *frames], zmq.NOBLOCK)
-        except zmq.Again:
-            self._hold(route, frames)
-        except zmq.ZMQError as e:
-            if e.errno == zmq.EHOSTUNREACH:
-                log.debug("client %s is gone; an answer for it was not sent", route.hex()[:8])
-            else:
-                log.warning("cannot send to client %s: %s", route.hex()[:8], e)
+        size = sum(len(f) for f in frames)
+        if route in self.outboxes or not self._pipe_has_room(route, size):
+            self._hold(route, frames, size)
+        else:
+            try:
+                self._push(route, frames, size)
+            except zmq.Again:
+                self._hold(route, frames, size)
+            except zmq.ZMQError as e:
+                if e.errno == zmq.EHOSTUNREACH:
+                    log.debug("client %s is gone; an answer for it was not sent", route.hex()[:8])
+                else:
+                    log.warning("cannot send to client %s: %s", route.hex()[:8], e)
+        if self.held_total > self.total_limit:
+            self._bound_total()
 
-    def _hold(self, route: bytes, frames: list[bytes]) -> None:
+    def _push(self, route: bytes, frames: list[bytes], size: int) -> None:
+        """Hand an answer to ZeroMQ (``zmq.Again`` when the client's pipe is full). A large one is not
+        copied, and is counted as held for the client until ZeroMQ has sent it."""
+        if len(frames[-1]) < TRACK_BYTES:  # the body
+            self.socket.send_multipart([route, *frames], zmq.NOBLOCK)
+            return
+        tracker = self.socket.send_multipart([route, *frames], zmq.NOBLOCK, copy=False, track=True)
+        self.in_pipe.setdefault(route, collections.deque()).append((tracker, size))
+        self.pipe_bytes[route] += size
+        self.held_total += size
+
+    def _pipe_has_room(self, route: bytes, size: int) -> bool:
+        """Whether ZeroMQ may take ``size`` more bytes for ``route`` within its bound (an empty pipe
+        always may), after forgetting the answers it has sent."""
+        box = self.in_pipe.get(route)
+        if box is None:
+            return True
+        while box and box[0][0].done:
+            self.pipe_bytes[route] -= box[0][1]
+            self.held_total -= box.popleft()[1]
+        if not box:
+            del self.in_pipe[route], self.pipe_bytes[route]
+            return True
+        return self.pipe_bytes[route] + size <= self.outbox_limit
+
+    def _hold(self, route: bytes, frames: list[bytes], size: int) -> None:
         self.outboxes.setdefault(route, collections.deque()).append(frames)
-        self.outbox_bytes[route] += sum(len(f) for f in frames)
-        if self.outbox_bytes[route] > self.outbox_limit:
-            held = self.outboxes.pop(route)
-            size = self.outbox_bytes.pop(route)
-            how = "disconnected it" if self._disconnect(route) else "it could not be disconnected"
-            log.warning("client %s does not read its answers: dropped the %d held for it (%d KiB, over the %d KiB "
-                        "outbox) and %s; results stay in the result cache for a resend", route.hex()[:8], len(held),
-                        size // 1024, self.outbox_limit // 1024, how)
+        self.outbox_bytes[route] += size
+        self.held_total += size
+        if self.outbox_bytes[route] + self.pipe_bytes.get(route, 0) > self.outbox_limit:
+            self._drop(route, f"over the {self.outbox_limit // 1024} KiB it may hold")
+
+    def _drop(self, route: bytes, why: str) -> None:
+        """Drop what is held for a client that does not read, and close its connection (which frees
+        what ZeroMQ holds for it)."""
+        held = self.outboxes.pop(route, collections.deque())
+        size = self.outbox_bytes.pop(route, 0)
+        self.held_total -= size
+        how = "disconnected it" if self._disconnect(route) else "it could not be disconnected"
+        log.warning("client %s does not read its answers: dropped the %d held for it (%d KiB; with what ZeroMQ "
+                    "holds for it, %d KiB, %s) and %s; results stay in the result cache for a resend",
+                    route.hex()[:8], len(held), size // 1024, (size + self.pipe_bytes.get(route, 0)) // 1024, why,
+                    how)
+
+    def _bound_total(self) -> None:
+        """All clients together hold more than ``total_limit``: drop the heaviest until they do not
+        (counting what ZeroMQ holds for a disconnected client as freed: it is, once ZeroMQ notices)."""
+        for route in list(self.in_pipe):
+            self._pipe_has_room(route, 0)
+        excess = self.held_total - self.total_limit
+        candidates = set(self.outboxes) | {r for r in self.in_pipe if r in self.connections}
+        for route in sorted(candidates, key=lambda r: self.outbox_bytes.get(r, 0) + self.pipe_bytes.get(r, 0),
+                            reverse=True):
+            if excess <= 0:
+                break
+            excess -= self.outbox_bytes.get(route, 0) + self.pipe_bytes.get(route, 0)
+            self._drop(route, f"the heaviest while all clients' answers passed {self.total_limit // 1024} KiB")
 
     def _note_connection(self, route: bytes, fd: int) -> None:
         if fd < 0:
@@ -202,23 +264,31 @@ class RouterEndpoint:
         return True
 
     def tick(self, now: float) -> float:
-        """Send answers held for clients whose pipes were full; a bound ROUTER has no other timers
-        (clients ping it)."""
+        """Send answers held for clients whose pipes were full, and forget large answers ZeroMQ has
+        sent; a bound ROUTER has no other timers (clients ping it)."""
+        for route in list(self.in_pipe):
+            if route not in self.outboxes:
+                self._pipe_has_room(route, 0)
         for route in list(self.outboxes):
             box = self.outboxes[route]
             while box:
+                size = sum(len(f) for f in box[0])
+                if not self._pipe_has_room(route, size):
+                    break
                 try:
-                    self.socket.send_multipart([route, *box[0]], zmq.NOBLOCK)
+                    self._push(route, box[0], size)
                 except zmq.Again:
                     break
                 except zmq.ZMQError:
                     box.clear()  # the client is gone
                     break
-                self.outbox_bytes[route] -= sum(len(f) for f in box.popleft())
+                box.popleft()
+                self.outbox_bytes[route] -= size
+                self.held_total -= size
             if not box:
                 del self.outboxes[route]
-                self.outbox_bytes.pop(route, None)
-        return OUTBOX_RETRY if self.outboxes else float("inf")
+                self.held_total -= self.outbox_bytes.pop(route, 0)
+        return OUTBOX_RETRY if self.outboxes else PIPE_CHECK if self.in_pipe else float("inf")
 
     def close(self) -> None:
         self.socket.close(linger=SHUTDOWN_LINGER_MS)

@@ -9,6 +9,7 @@ believed; everything else is a real executor or broker process on a real socket.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import uuid
@@ -160,3 +161,91 @@ def test_a_flood_of_malformed_messages_is_logged_at_a_bounded_rate(
     elapsed = time.monotonic() - started
     lines = [r for r in caplog.records if "malformed message" in r.getMessage()]
     assert 1 <= len(lines) <= LOG_BURST * (elapsed / 10 + 2), len(lines)
+
+
+# --------------------------------------------------------------------------- hostile clients vs executor
+
+
+@pytest.fixture
+def private_dir() -> Iterator[Path]:
+    directory = Path(f"/tmp/ciayn-redteam-{uuid.uuid4().hex[:8]}")
+    directory.mkdir(mode=0o700)
+    yield directory
+    for p in directory.iterdir():
+        p.unlink()
+    directory.rmdir()
+
+
+def test_clients_that_do_not_read_cannot_make_the_endpoint_hold_more_than_its_total_bound(
+    private_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Attack: many routing identities, each connected and never reading, each sent answers of 1 MiB.
+    Before, each identity could hold its outbox bound *plus* ``SEND_HWM`` answers of any size in
+    ZeroMQ's pipe (copied there), and nothing bounded the sum over identities: against a real executor,
+    3 identities x 120 calls of ``huge_string(mb=3)`` took its RSS from 47 MB to 1,021 MB. Now what is
+    held for a client counts what ZeroMQ holds for it, and all clients together have a bound: past it
+    the heaviest is dropped and disconnected. A client that reads gets every answer meanwhile."""
+    import psutil
+
+    from executor.endpoint import RouterEndpoint
+
+    mib = 1024 * 1024
+    caplog.set_level(logging.WARNING, logger="ciayn-executor")
+    ctx = zmq.Context()
+    endpoint = RouterEndpoint(ctx, f"ipc://{private_dir}/exec.sock", outbox_bytes=16 * mib,
+                              outbox_total_bytes=40 * mib)
+    poller = zmq.Poller()
+    poller.register(endpoint.socket, zmq.POLLIN)
+    me = psutil.Process()
+    socks = []
+
+    def joined(sock: zmq.Socket[bytes], nonce: int) -> bytes:
+        sock.send_multipart(encode(Ping(nonce=nonce)))
+        assert poller.poll(10_000)
+        (route, ping), = list(endpoint.receive())
+        assert isinstance(ping, Ping) and ping.nonce == nonce
+        return route
+
+    try:
+        reader = ctx.socket(zmq.DEALER)
+        reader.setsockopt(zmq.LINGER, 0)
+        reader.connect(endpoint.endpoint)
+        socks.append(reader)
+        reader_route = joined(reader, 0)
+        routes = []
+        for i in range(8):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.RCVHWM, 1)
+            sock.setsockopt(zmq.RCVBUF, 4096)
+            sock.connect(endpoint.endpoint)
+            socks.append(sock)
+            routes.append(joined(sock, i + 1))
+        before = me.memory_info().rss
+        peak = before
+        received = 0
+        for n in range(30):
+            for route in routes:
+                endpoint.send(route, [VERSION, b"result", os.urandom(1) * mib])  # a fresh MiB each time
+                endpoint.tick(time.monotonic())
+            endpoint.send(reader_route, [VERSION, b"result", bytes([n]) * 100_000])
+            while reader.poll(0):
+                received += reader.recv_multipart()[-1][:1] != b""
+            peak = max(peak, me.memory_info().rss)
+            assert endpoint.held_total <= 40 * mib + mib, endpoint.held_total
+        deadline = time.monotonic() + 10
+        while received < 30 and time.monotonic() < deadline:
+            endpoint.tick(time.monotonic())
+            if reader.poll(50):
+                received += 1
+                reader.recv_multipart()
+        assert received == 30, received
+        grown = (peak - before) / mib
+        assert grown < 40 + 16 + 24, f"the endpoint's process grew by {grown:.0f} MiB"
+        warnings = [r.getMessage() for r in caplog.records if "does not read its answers" in r.getMessage()]
+        assert any("heaviest" in w for w in warnings), warnings
+    finally:
+        for sock in socks:
+            sock.close(0)
+        endpoint.close()
+        ctx.term()
