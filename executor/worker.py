@@ -276,7 +276,12 @@ def _template_loop(chan: socket.socket, tools: dict[str, Tool], pool: _Workers) 
                 continue
             if isinstance(req, Spawn):
                 group = pool.new_group(req.worker)
-                pid = _spawn_worker(chan, req.worker, tools, pool.config, group)
+                try:
+                    pid = _spawn_worker(chan, req.worker, tools, pool.config, group)
+                except (BrokenPipeError, ConnectionResetError):  # the supervisor closed the channel: shutting down
+                    if group is not None:
+                        pool.dying.append(group)  # removed on the way out, with the worker it was made for
+                    return
                 pool.groups[pid] = group
             elif isinstance(req, Sweep):
                 pool.sweep()
