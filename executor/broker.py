@@ -73,6 +73,7 @@ from protocol import (
     encode,
 )
 from protocol.timing import HEARTBEAT_INTERVAL, PEER_EXPIRY, RECOVERY_WINDOW
+from protocol.wire import LogBudget
 
 log = logging.getLogger("ciayn-broker")
 
@@ -178,6 +179,9 @@ class Broker:
         self.next_heartbeat = 0.0
         self.next_sweep = 0.0
         self.metrics: MetricsServer | None = None
+        # What peers send is logged at a bounded rate: a flood of bad messages cannot fill the disk.
+        self.client_complaints = LogBudget(log, "protocol errors from clients")
+        self.executor_complaints = LogBudget(log, "protocol errors from executors")
 
     # ---------------------------------------------------------------- sockets
 
@@ -281,6 +285,8 @@ class Broker:
             beat = encode(Heartbeat(executor=self.broker_id))
             for route in list(self.members):
                 self._send_frames_backend(route, beat)
+        self.client_complaints.flush(now)
+        self.executor_complaints.flush(now)
         if now < self.next_sweep:
             return
         self.next_sweep = now + min(HEARTBEAT_INTERVAL, 0.25)
@@ -319,7 +325,7 @@ class Broker:
         assert self.frontend is not None
         for route, msg in self.frontend.receive():
             if isinstance(msg, ProtocolError):
-                log.warning("protocol error from client %s: %s", route.hex()[:8], msg)
+                self.client_complaints.warning("protocol error from client %s: %s", route.hex()[:8], msg)
                 self._send_frontend(route, msg.reply())
                 continue
             if isinstance(msg, Call):
@@ -538,7 +544,8 @@ class Broker:
             if member is not None:
                 member.last_heard = time.monotonic()
             if isinstance(msg, ProtocolError):
-                log.warning("protocol error from executor %s: %s", member.id if member else route.hex()[:8], msg)
+                self.executor_complaints.warning("protocol error from executor %s: %s",
+                                                 member.id if member else route.hex()[:8], msg)
                 continue
             if isinstance(msg, Result):
                 self._on_result(route, member, msg)
@@ -551,7 +558,8 @@ class Broker:
                 if member is not None:
                     self._drop(member, "crashed", f"left ({msg.reason or 'no reason given'})")
             else:
-                log.warning("executor %s sent a %s message; ignored", member.id if member else "?", msg.KIND)
+                self.executor_complaints.warning("executor %s sent a %s message; ignored",
+                                                 member.id if member else "?", msg.KIND)
         self._dispatch()
 
     def _on_ready(self, route: bytes, ready: Ready) -> None:
