@@ -1,0 +1,321 @@
+"""Red team of ``serve --profile hardened --workspace-rw`` (``executor.overlay``): a hostile tool tries
+to write outside the workspace through the keeper's apply step, to pass ``--workspace-quota``, to
+wedge the keeper, to leave something behind and to read what it should not. Real hardened executors
+serve tests/tools/overlay_attacks.py next to tests/tools/workspace_filler.py, as in
+test_hardened_quota.py (same skips: root and the kernel's layers).
+
+An attack that holds is a plain test asserting the defense. An attack that gets through is marked
+``xfail(strict=True)`` with ``HOLE:`` and how to reproduce it: the test asserts what should hold, so
+it fails today and passes (XPASS, which strict turns into a failure) once the hole is fixed: then
+remove the mark."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import require_layer
+from test_hardened_quota import MISSING, OWNER, QUOTA_MB, Served, _added, _stop
+
+from executor import hardening
+from protocol import Call, Result
+
+TOOLS = [str(Path(__file__).parent / "tools" / name) for name in ("workspace_filler.py", "overlay_attacks.py")]
+TIMEOUT_S = 20
+
+
+def _start(top: Path, workspace: Path, sockdir: Path) -> Served:
+    sockdir.mkdir(mode=0o700)
+    sock = sockdir / "executor.sock"
+    cmd = [sys.executable, "-m", "executor.cli", "serve", "--profile", "hardened", "--skip-selfcheck",
+           "--workspace-rw", "--workspace-quota", str(QUOTA_MB), "--bind", f"ipc://{sock}",
+           "--workspace", str(workspace), "--workers", "2", "--timeout", str(TIMEOUT_S), "--memory-mb", "256",
+           "--parent-pid", str(os.getpid()), "--log-level", "warning"]
+    for tools in TOOLS:
+        cmd += ["--tools", tools]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"the hardened executor did not start: {proc.communicate()[1].decode()[-2000:]}")
+        time.sleep(0.02)
+    from controller import ExecutorClient
+
+    return Served(proc, ExecutorClient(f"ipc://{sock}", timeout=60), workspace, top)
+
+
+def _workspace_dir() -> tuple[Path, Path]:
+    require_layer(not MISSING, f"this machine lacks hardened layers: {MISSING}")
+    top = Path(tempfile.mkdtemp(prefix="ciayn-redteam-", dir="/var/tmp"))  # not under /tmp: see selfcheck.Target
+    top.chmod(0o755)
+    workspace = top / "workspace"
+    workspace.mkdir()
+    os.chown(workspace, OWNER, OWNER)
+    problem = hardening.check_idmap(str(workspace))
+    require_layer(problem is None, f"the workspace's filesystem takes no idmapped overlay: {problem}")
+    return top, workspace
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    top, workspace = _workspace_dir()
+    s = _start(top, workspace, top / "run")
+    yield s
+    _stop(s)
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def _empty(path: Path) -> None:
+    for name in os.listdir(os.fsencode(path)):  # bytes: the attacks leave names that are not UTF-8
+        child = os.fsencode(path) + b"/" + name
+        if os.path.isdir(child) and not os.path.islink(child):
+            shutil.rmtree(child)  # descriptor-based: any depth
+        else:
+            os.unlink(child)
+
+
+@pytest.fixture
+def ws(served: Served) -> Served:
+    """The module's executor with an empty workspace (emptied from the host, between calls)."""
+    _empty(served.workspace)
+    return served
+
+
+def _ok(result: Result) -> object:
+    assert result.ok, result.error
+    return result.value
+
+
+def _owned_dir(path: Path) -> Path:
+    path.mkdir()
+    os.chown(path, OWNER, OWNER)
+    return path
+
+
+# --- (b) the quota ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE: a merged directory is costed at the upper layer's size of it (tmpfs: 20 bytes a name) "
+    "against the host's (ext4: up to 264 bytes a name, and it never shrinks), so a call that writes into "
+    "a large host directory gets the difference as credit; _Changes.directory then sees delta <= 0 and "
+    "applies without any quota check. Reproduce (quota 8 MB): long_names(directory='big', count=1800) "
+    "(255-byte names: the host's big/ grows to 700 KB), clear(directory='big') (big/ stays 700 KB), then "
+    "put(name='big/fN', kilobytes=500) any number of times: each passes; 20 of them leave 10.4 MB, "
+    "and it goes on without bound (measured by overlay.tree_usage, the quota's own measure)"))
+def test_a_large_host_directory_cannot_be_written_into_past_the_quota(ws: Served) -> None:
+    assert _ok(ws.call("long_names(directory='big', count=1800)")) == "made 1800"
+    assert (ws.workspace / "big").stat().st_size > 500 << 10  # the host's directory: 255-byte names
+    assert _ok(ws.call("clear(directory='big')")) == 1800
+    for i in range(20):  # 500 KiB each: 10 MB in all, past the 8 MB quota
+        if not ws.call(f"put(name='big/f{i}', kilobytes=500)").ok:
+            break
+    assert ws.usage() <= QUOTA_MB << 20, f"the workspace holds {ws.usage() / 2**20:.2f} MB"
+
+
+def test_preallocated_space_and_xattrs_do_not_reach_the_host(ws: Served) -> None:
+    """fallocate(KEEP_SIZE) past the end and user xattrs take room in the call's layer but not in its
+    size: the apply copies the file's bytes only."""
+    seen = _ok(ws.call("special_extras(name='fat', megabytes=6)"))
+    assert isinstance(seen, dict) and seen["fallocate"] == "done" and int(seen["blocks_kb"]) >= 6 << 10, seen
+    st = (ws.workspace / "fat").stat()
+    assert st.st_size == 5 and st.st_blocks * 512 <= 8192
+    assert os.listxattr(ws.workspace / "fat") == []
+    assert ws.usage() <= QUOTA_MB << 20
+
+
+# --- (a) writing outside the workspace, set-ID files, forged overlay marks ------------------------------
+
+
+def test_a_host_hard_link_to_a_file_outside_is_replaced_not_written_through(ws: Served) -> None:
+    outside = ws.top / "outside-linked.txt"
+    outside.write_text("the host's")
+    os.link(outside, ws.workspace / "linked")
+    os.chown(ws.workspace / "linked", OWNER, OWNER)  # so the tools may write it (and the outside file)
+    try:
+        assert _ok(ws.call("write(name='linked', text='through the link?')")) == 17
+        assert outside.read_text() == "the host's"
+        assert (ws.workspace / "linked").read_text() == "through the link?"
+        assert (ws.workspace / "linked").stat().st_ino != outside.stat().st_ino
+    finally:
+        outside.unlink()
+
+
+def test_a_directory_replaced_by_a_symlink_under_a_running_call_is_not_followed_by_its_apply(ws: Served) -> None:
+    """Call A writes d/x and stays; meanwhile call B replaces d by a symbolic link to a host directory
+    outside the workspace and commits. A's apply then meets a link where its layer has a directory: it
+    must replace the link, never write through it."""
+    outside = ws.top / "outside-dir"
+    outside.mkdir(exist_ok=True)
+    _owned_dir(ws.workspace / "d")
+    first = ws.client.submit(Call(tool="write_and_hold", kwargs={"name": "d/x", "text": "A", "seconds": 2.0}))
+    assert _ok(ws.call(f"replace_with_symlink(name='d', target={str(outside)!r})")) == "replaced"
+    assert not first.done()  # B committed while A's write was still held
+    assert os.readlink(ws.workspace / "d") == str(outside)
+    assert _ok(first.result(timeout=30)) == "held"
+    assert list(outside.iterdir()) == []
+    d = ws.workspace / "d"
+    assert d.is_dir() and not d.is_symlink() and (d / "x").read_text() == "A"
+
+
+def test_set_id_bits_never_reach_the_host(ws: Served) -> None:
+    """The tools act as the workspace's owner there. seccomp refuses chmod's set-ID modes, but not
+    openat2's (its mode is in a struct): inside the sandbox a set-ID file is made. The apply keeps only
+    the permission bits, so the host gets none (nor a sticky or set-group-ID directory)."""
+    seen = _ok(ws.call("setid_files()"))
+    assert isinstance(seen, dict) and seen["chmod"].startswith("denied"), seen
+    for name in ("chmodded", "openat2ed", "setgid-dir"):
+        mode = (ws.workspace / name).lstat().st_mode
+        assert mode & (stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX) == 0, (name, oct(mode))
+    assert not (ws.workspace / "mknodded").exists()
+
+
+def test_forged_whiteouts_and_opaque_marks_do_not_delete_the_hosts_files(ws: Served) -> None:
+    marks = _owned_dir(ws.workspace / "marks")
+    (marks / "keep").write_text("the host's")
+    seen = _ok(ws.call("crafted_marks(directory='marks')"))
+    assert isinstance(seen, dict)
+    assert {k: v[:6] for k, v in seen.items() if k != "user.overlay.opaque"} == {
+        "whiteout": "denied", "rename_whiteout": "denied", "trusted.overlay.opaque": "denied",
+        "trusted.overlay.redirect": "denied"}, seen
+    assert (marks / "keep").read_text() == "the host's"  # user.overlay.opaque is no mark of this overlay
+    assert sorted(p.name for p in ws.workspace.iterdir()) == ["marks", "victim"]
+    assert os.listxattr(marks) == []
+
+
+def test_names_with_newlines_invalid_utf8_and_the_appliers_prefix_are_applied_byte_for_byte(ws: Served) -> None:
+    from tools.overlay_attacks import ODD_NAMES
+
+    assert _ok(ws.call("odd_names()")) == ["done"] * len(ODD_NAMES)
+    root = os.fsencode(ws.workspace)
+    assert sorted(os.listdir(root)) == sorted(ODD_NAMES)
+    for i, name in enumerate(ODD_NAMES):
+        with open(root + b"/" + name, "rb") as f:
+            assert f.read() == str(i).encode()
+
+
+# --- (c) wedging the keeper, and the apply's atomicity ------------------------------------------------
+
+
+LONG = 250  # bytes a name: 17 such directories nested pass PATH_MAX (4096)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE: overlay.tree_usage walks by path strings ('/proc/self/fd/N/a/b/...') that pass PATH_MAX "
+    "in a tree the applier itself made (it works from descriptors, MAX_DEPTH only counts levels): "
+    "deleting such a tree makes _Changes._old_usage raise ENAMETOOLONG, so no call can ever remove it "
+    "(answered output_limit 'could not be applied: [Errno 36] File name too long' with a 4 KB path in "
+    "the message). Reproduce: deep_long(depth=20, length=250), then remove_tree(name='x'*250)"))
+def test_a_tree_deeper_than_path_max_can_be_removed_again(ws: Served) -> None:
+    assert _ok(ws.call(f"deep_long(depth=20, length={LONG})")) == "nested 20"
+    _ok(ws.call(f"remove_tree(name={'x' * LONG!r})"))
+    assert list(ws.workspace.iterdir()) == []
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE: once the workspace holds a tree deeper than PATH_MAX (one call: deep_long(depth=20, "
+    "length=250)), every re-measure of the workspace (tree_usage in commit: the first growing call of "
+    "each executor, and any call the tally would refuse) raises ENAMETOOLONG, so such calls are "
+    "refused although they fit. Reproduce: write(name='a', megabytes=5); deep_long(depth=20, length=250); "
+    "the host deletes a; write(name='b', megabytes=5) -> output_limit 'File name too long' (a new executor "
+    "on that workspace refuses its first growing call the same way)"))
+def test_a_tree_deeper_than_path_max_does_not_block_the_workspaces_measure(ws: Served) -> None:
+    assert _ok(ws.call("write(name='a', megabytes=5)")) == 5 << 20
+    assert _ok(ws.call(f"deep_long(depth=20, length={LONG})")) == "nested 20"
+    (ws.workspace / "a").unlink()  # by the host: the tally still counts it, so the next call is measured
+    _ok(ws.call("write(name='b', megabytes=5)"))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE: the supervisor's call timeout runs on while the keeper applies (the reply is held until the "
+    "apply is done), and on timeout it SIGKILLs the worker, i.e. the keeper, mid-apply: the call is "
+    "answered 'timeout' yet part of its changes are in the workspace (README: 'a call that times out "
+    "... changes nothing'). Reproduce: answer_just_before(directory='r', count=1800, deadline=1.5, "
+    "margin=0.25) with timeout=1.5: a tool that makes 1800 files and answers 0.25 s before its deadline; "
+    "here 65 to 997 of the 1800 files were on the host after a 'timeout' answer"))
+def test_a_call_answered_timeout_changed_nothing_even_if_its_apply_was_under_way(ws: Served) -> None:
+    partial: list[str] = []
+    for i, margin in enumerate((0.15, 0.25, 0.35, 0.45)):  # where the apply (about 0.5 s here) is under way
+        result = ws.call(f"answer_just_before(directory='r{i}', count=1800, deadline=1.5, margin={margin})",
+                         timeout=1.5)
+        if not result.ok and result.error is not None and result.error.kind == "timeout" and \
+                (ws.workspace / f"r{i}").exists():
+            partial.append(f"margin {margin}: {len(list((ws.workspace / f'r{i}').iterdir()))} of 1800 files")
+            break
+    assert not partial, partial
+    assert _ok(ws.call("listing()")) is not None  # and the executor still answers
+
+
+def test_a_call_holding_a_lock_on_the_workspace_does_not_stop_other_calls_applying(ws: Served) -> None:
+    """The appliers take turns with flock on the real workspace; a tool's flock is on the overlay's
+    directory, another inode."""
+    holder = ws.client.submit(Call(tool="lock_workspace", kwargs={"seconds": 3.0}))
+    assert _ok(ws.call("write(name='meanwhile', text='x')")) == 1
+    assert not holder.done() and (ws.workspace / "meanwhile").read_text() == "x"
+    assert _ok(holder.result(timeout=30)) == "held the lock"
+
+
+# --- (e) reading what it should not -------------------------------------------------------------------
+
+
+def test_another_calls_uncommitted_writes_are_not_seen(ws: Served) -> None:
+    holder = ws.client.submit(Call(tool="write_and_hold", kwargs={"name": "secret/a", "text": "uncommitted",
+                                                                  "seconds": 2.0}))
+    peek = ws.call("read(name='secret/a')")
+    assert not holder.done()
+    assert _ok(peek) == "missing" and _ok(ws.call("listing()")) == []
+    assert _ok(holder.result(timeout=30)) == "held"
+    assert _ok(ws.call("read(name='secret/a')")) == "uncommitted"
+
+
+# --- (d) the host after the executor; (e) a socket directory deeper in the workspace --------------------
+
+
+def _host_state(top: Path) -> dict[str, list[str]]:
+    """Mounts of this executor's (their lines name its directory), /dev/shm, the applier's names in /tmp."""
+    with open("/proc/self/mountinfo") as f:
+        mounts = sorted(line.split()[4] for line in f if str(top) in line)
+    return {"mounts": mounts, "shm": sorted(os.listdir("/dev/shm")),
+            "tmp": sorted(n for n in os.listdir("/tmp") if "ciayn-apply" in n or "upper" in n)}
+
+
+def test_a_nested_socket_directory_stays_hidden_and_nothing_is_left_after_the_executor_stops() -> None:
+    """The executor's socket directory two levels down the workspace: a tool cannot list, copy, move or
+    delete it. After attacks that leave children, timed-out applies and held writes, stopping the
+    executor leaves no process, mount, /dev/shm or /tmp file, and no temporary file of an apply."""
+    top, workspace = _workspace_dir()
+    before = _host_state(top)
+    s = _start(top, workspace, _owned_dir(workspace / "a") / "run")
+    try:
+        assert _ok(s.call("listing(name='a')")) == ["run"]
+        assert not s.call("listing(name='a/run')").ok
+        s.call("rename(old='a', new='b')")  # a copy (EXDEV) that cannot read run/, then a delete that cannot
+        s.call("remove(name='a')")
+        assert [p.name for p in (workspace / "a" / "run").iterdir()] == ["executor.sock"]
+        assert not (workspace / "b" / "run" / "executor.sock").exists()
+        s.call("answer_just_before(directory='r', count=1800, deadline=1.5, margin=0.25)", timeout=1.5)
+        s.call("write_after_return(name='late')")
+        s.client.submit(Call(tool="write_and_hold", kwargs={"name": "held", "text": "x", "seconds": 30.0}))
+        assert _ok(s.call("listing(name='a')")) == ["run"]
+        processes = psutil.Process(s.proc.pid).children(recursive=True)
+        assert processes
+    finally:
+        _stop(s)
+    deadline = time.monotonic() + 10  # the kernel tears namespaces down after the processes are gone
+    while time.monotonic() < deadline and (any(p.is_running() for p in processes) or _added(before, _host_state(top))):
+        time.sleep(0.05)
+    assert [p.pid for p in processes if p.is_running()] == []
+    assert not _added(before, _host_state(top))
+    assert not [p for p in workspace.rglob(".ciayn-apply-*")]
+    assert not (workspace / "held").exists() and not (workspace / "late").exists()
+    shutil.rmtree(top, ignore_errors=True)
