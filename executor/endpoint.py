@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from protocol import Message, ProtocolError, decode
-from protocol.wire import MAX_FRAMES, bound_socket, ipc_path, recv_message_from
+from protocol.wire import MAX_FRAMES, LogBudget, bound_socket, ipc_path, recv_message_from
 
 log = logging.getLogger("ciayn-executor")
 
@@ -47,6 +48,8 @@ TRACK_BYTES = 64 * 1024  # answers this large go to ZeroMQ uncopied, followed un
 OUTBOX_RETRY = 0.01  # seconds between attempts to send held answers
 PIPE_CHECK = 1.0  # seconds between looks at which large answers ZeroMQ has sent
 MAX_KNOWN_CONNECTIONS = 65536  # clients whose connection is remembered (to disconnect one that does not read)
+HANDSHAKE_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH)  # logged on a CurveZMQ endpoint
 
 
 class EndpointError(Exception):
@@ -93,6 +96,8 @@ class RouterEndpoint:
         self.curve_secret = curve_secret
         self.curve_clients = curve_clients
         self.auth: Any = None
+        self.monitor: zmq.Socket[bytes] | None = None
+        self.refusals = LogBudget(log, "refused CurveZMQ handshakes")
         self.failed = ""
         self.ipc_identity: tuple[int, int] | None = None
         self.outboxes: dict[bytes, collections.deque[list[bytes]]] = {}
@@ -127,6 +132,8 @@ class RouterEndpoint:
                 self.auth.stop()
             raise EndpointError(f"cannot bind {endpoint}: {e}") from None
         self.socket = sock
+        if curve_secret:  # so that the operator learns why a client gets nothing at all
+            self.monitor = sock.get_monitor_socket(HANDSHAKE_FAILURES)
         path = self._ipc_path()
         self.ipc_identity = _file_identity(path) if path else None
 
@@ -265,7 +272,9 @@ class RouterEndpoint:
 
     def tick(self, now: float) -> float:
         """Send answers held for clients whose pipes were full, and forget large answers ZeroMQ has
-        sent; a bound ROUTER has no other timers (clients ping it)."""
+        sent, and log refused CurveZMQ handshakes; a bound ROUTER has no other timers (clients ping it)."""
+        if self.monitor is not None:
+            self._log_handshake_failures()
         for route in list(self.in_pipe):
             if route not in self.outboxes:
                 self._pipe_has_room(route, 0)
@@ -288,9 +297,34 @@ class RouterEndpoint:
             if not box:
                 del self.outboxes[route]
                 self.held_total -= self.outbox_bytes.pop(route, 0)
-        return OUTBOX_RETRY if self.outboxes else PIPE_CHECK if self.in_pipe else float("inf")
+        if self.outboxes:
+            return OUTBOX_RETRY
+        return PIPE_CHECK if self.in_pipe or self.monitor is not None else float("inf")
+
+    def _log_handshake_failures(self) -> None:
+        """A client with a key the endpoint does not admit, or the wrong server key, gets nothing at
+        all (CurveZMQ gives it no answer): say so here, at a bounded rate."""
+        assert self.monitor is not None
+        while self.monitor.poll(0):
+            event = recv_monitor_message(self.monitor)
+            kind, value = event["event"], event["value"]
+            if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                where = f"in {self.curve_clients}" if self.curve_clients else "admitted"
+                why = f"its public key is not {where} (authentication status {value})"
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+                why = "its handshake could not be decrypted: it is probably using another server public key"
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                why = "it does not use CurveZMQ"
+            elif kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                why = f"it broke the handshake protocol (ZeroMQ protocol error {value:#x})"
+            else:
+                why = "it did not complete the handshake (closed or timed out)"
+            self.refusals.warning("refused a connection on %s: %s", self.endpoint, why)
 
     def close(self) -> None:
+        if self.monitor is not None:
+            self.socket.disable_monitor()
+            self.monitor.close(0)
         self.socket.close(linger=SHUTDOWN_LINGER_MS)
         if self.auth is not None:
             self.auth.stop()

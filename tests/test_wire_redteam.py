@@ -342,3 +342,62 @@ def test_one_client_flooding_an_executor_delays_another_by_at_most_one_call(
         assert time.monotonic() - started < 0.3 * 2 + 1.0
     for f in flood:
         f.result()
+
+
+def test_a_client_refused_by_curvezmq_is_logged_with_the_reason(tmp_path: Path) -> None:
+    """Attack: clients with a key the executor does not admit, with the wrong server key, and without
+    CurveZMQ at all, against ``serve --curve-secret --curve-clients``. Each gets nothing, as it must;
+    before, the executor's log said nothing either, so an operator could not tell why a controller
+    got no answer. Now each refusal is a warning naming the reason (at a bounded rate); an admitted
+    client is then served."""
+    import socket
+    import subprocess
+    import sys
+
+    from protocol.curve import keygen, load_pair, load_public
+
+    server_pub, server_sec = keygen(tmp_path / "server", "server")
+    _, client_sec = keygen(tmp_path / "clients", "alice")
+    _, stranger_sec = keygen(tmp_path / "strangers", "mallory")
+    other_pub, _ = keygen(tmp_path / "strangers", "other-server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    log_path = tmp_path / "executor.log"
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "executor.cli", "serve", "--tools", "executor.toolkits.builtin",
+                                 "--bind", endpoint, "--curve-secret", str(server_sec), "--curve-clients",
+                                 str(tmp_path / "clients")], stdout=out, stderr=subprocess.STDOUT)
+    ctx = zmq.Context()
+    try:
+        with ExecutorClient(endpoint, curve_server_key=load_public(server_pub), curve_keys=load_pair(client_sec),
+                            connect_timeout=30) as admitted:
+            admitted.tools()  # the executor is up
+        attempts = {"not admitted": (load_public(server_pub), load_pair(stranger_sec)),
+                    "wrong server key": (load_public(other_pub), load_pair(client_sec)), "no curve": None}
+        for name, keys in attempts.items():
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            if keys is not None:
+                sock.curve_serverkey, (sock.curve_publickey, sock.curve_secretkey) = keys
+            sock.connect(endpoint)
+            sock.send_multipart(encode(Ping(nonce=1)))
+            assert not sock.poll(1000), f"{name}: answered"
+            sock.close(0)
+        expected = ["is not in", "another server public key", "does not use CurveZMQ"]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            text = log_path.read_text(errors="replace")
+            lines = [line for line in text.splitlines() if "refused a connection" in line]
+            if all(any(e in line for line in lines) for e in expected):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"refusals not logged: {lines}")
+        with ExecutorClient(endpoint, curve_server_key=load_public(server_pub), curve_keys=load_pair(client_sec),
+                            connect_timeout=10) as admitted:
+            assert admitted.call(Call(tool="list_dir", kwargs={"path": "."}), timeout=10).error is None
+    finally:
+        ctx.term()
+        proc.terminate()
+        proc.wait(10)
