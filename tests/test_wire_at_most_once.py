@@ -157,6 +157,9 @@ def test_calls_the_client_gives_up_on_are_cancelled_at_the_executor(
         assert "may or may not have run" in r.error.message and "cancel" in r.error.message
     wait_for(lambda: local.log_path.read_text().count(": cancelled") >= 2, 15, "both calls cancelled at the executor")
     assert not queued.exists(), "a call the client gave up on ran anyway"
+    # The client took the executor for dead and answers at once while it hears nothing: the thawed
+    # executor (killing the cancelled call's worker, forking another) may take a moment to be heard.
+    wait_for(lambda: client.alive, 10, "the client hears the thawed executor again")
     assert client.call(Call(tool="echo", args=[1]), timeout=10).value == 1
 
 
