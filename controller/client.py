@@ -62,6 +62,7 @@ UNAVAILABLE_AFTER = 6.0  # no message for this long: calls in flight are answere
 DEADLINE_GRACE = 2.0  # added to a call's timeout before the client answers `timeout` itself
 DEFAULT_TIMEOUT = 30.0  # a call's timeout when neither the call, the tool nor the executor says (validly)
 RECV_BUDGET_S = 0.02  # seconds spent taking messages per turn of the I/O loop
+RECV_HWM = 4  # messages ZeroMQ takes off the connection ahead of the I/O thread (each up to 128 MiB)
 
 
 class ExecutorUnavailable(Exception):
@@ -254,6 +255,7 @@ class ExecutorClient:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTING_ID, self._routing_id)
             sock.setsockopt(zmq.SNDHWM, 0)  # the outbox below bounds nothing away: calls are the caller's
+            sock.setsockopt(zmq.RCVHWM, RECV_HWM)  # what an executor sends waits on its side, not in our memory
             bound_socket(sock)
             if self._curve_server_key is not None:
                 public, secret = self._curve_keys or zmq.curve_keypair()

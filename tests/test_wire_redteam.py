@@ -64,7 +64,7 @@ class FakeExecutor:
             elif isinstance(msg, Call):
                 replies = self.on_call(route, msg)
             for reply in replies:
-                self.sock.send_multipart([route, *reply])
+                self.sock.send_multipart([route, *reply], copy=False)  # the same body sent again costs no memory
         self.sock.close(0)
         self.ctx.term()
 
@@ -401,3 +401,27 @@ def test_a_client_refused_by_curvezmq_is_logged_with_the_reason(tmp_path: Path) 
         ctx.term()
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_server_pushing_large_messages_cannot_fill_the_clients_memory(
+    fake: Callable[[Handler], tuple[FakeExecutor, ExecutorClient]]
+) -> None:
+    """Attack: answer a call with 100 results of 48 MiB each, for an id the client never sent, as fast
+    as the socket takes them. ZeroMQ reads ahead of the client's I/O thread up to the receive
+    high-water mark (1,000 messages by default), so before, the client's process grew by gigabytes
+    (3.1 GB at the peak for 100 messages of 60 MiB). Now it reads at most ``RECV_HWM`` ahead; the
+    rest waits on the server's side. The call is answered by its deadline as always."""
+    import psutil
+
+    body = msgpack.packb({"id": "never-asked", "ok": True, "value": "x" * (48 << 20)})
+    _, client = fake(lambda route, call: [[VERSION, b"result", body] for _ in range(100)])
+    me = psutil.Process()
+    before = me.memory_info().rss
+    peak = before
+    future = client.submit(Call(tool="t"), timeout=3)
+    while not future.done():
+        peak = max(peak, me.memory_info().rss)
+        time.sleep(0.005)
+    assert future.result().error is not None and future.result().error.kind == "timeout"  # type: ignore[union-attr]
+    grown = (peak - before) / (1 << 20)
+    assert grown < 500, f"the client grew by {grown:.0f} MiB"  # RECV_HWM (4) messages read ahead, and copies
