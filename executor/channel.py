@@ -168,6 +168,23 @@ class Started(_Message):
         return None
 
 
+@dataclass(frozen=True)
+class Applying(_Message):
+    """Keeper -> supervisor (hardened ``--workspace-rw``): the call answered within its time and its
+    writes are being applied to the workspace; the reply follows once they are (``executor.overlay``).
+    The supervisor then gives the call ``APPLY_GRACE`` more, once, so a deadline never kills the keeper
+    halfway through an apply."""
+
+    OP: ClassVar[str] = "applying"
+    seq: int
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> Applying | None:
+        if isinstance(obj, dict) and obj.get("op") == cls.OP:
+            return cls(seq=_field(obj, "seq", int))
+        return None
+
+
 @dataclass
 class Reply(_Message):
     """Worker -> supervisor: how the call went. ``error`` is an ``ErrorInfo`` dump; ``signals`` are

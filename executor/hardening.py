@@ -973,6 +973,12 @@ def active() -> Sandbox | None:
     return _active
 
 
+def keeps_workspace() -> bool:
+    """Whether this executor's workers are keepers that apply each call's workspace writes after
+    the call (hardened ``--workspace-rw``): only they may send ``Applying``."""
+    return _active is not None and _active.keeper
+
+
 def applied() -> list[str]:
     """The layers every worker of this executor runs under (a worker that cannot apply one of them
     dies before its call): what a result's ``worker.layers`` says."""

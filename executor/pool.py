@@ -32,6 +32,7 @@ import zmq
 from executor import framing, hardening
 from executor.calls import Job
 from executor.channel import (
+    Applying,
     CallRequest,
     ChannelError,
     Exited,
@@ -63,6 +64,7 @@ RETIRE_GRACE = 2.0  # a worker that answered its one call must exit within this,
 IDLE_READ_LIMIT = 64 * 1024  # what a worker with no call may send before it is cut off (it should send nothing)
 REFILL_QUIET = 0.002  # fresh workers: a replacement is forked once the pool has been quiet this long...
 REFILL_MAX_DELAY = 0.02  # ...or this long after it was first due, whichever comes first
+APPLY_GRACE = 60.0  # hardened --workspace-rw: what a call that answered in time gets to have its writes applied
 SPIN_AFTER_DISPATCH = 0.0003  # seconds of polling without sleep after a dispatch (quick calls' replies)
 POLL_MAX_S = 1.0
 MAX_ABANDONED = 64  # processes that would not die, remembered for the log
@@ -84,6 +86,7 @@ class Slot:
     err_fd: int
     job: Job | None = None
     started: bool = False  # the worker said it started the job's tool (before that, the job never ran)
+    applying: bool = False  # its keeper said the call answered and its writes are being applied
     start_by: float = 0.0  # when it must have said so
     closed_at: float = 0.0  # when the channel closed and we await the exit status
     killed_at: float = 0.0  # when we sent SIGKILL
@@ -339,7 +342,7 @@ class WorkerPool:
             job.started = time.monotonic()
             job.deadline = job.started + job.limits.timeout_s
             slot.job = job
-            slot.started, slot.start_by = False, job.started + START_TIMEOUT
+            slot.started, slot.start_by, slot.applying = False, job.started + START_TIMEOUT, False
             slot.seq += 1
             slot.reader.limit = reply_cap(job.limits)
             self.spin_until = time.monotonic() + SPIN_AFTER_DISPATCH
@@ -534,6 +537,14 @@ class WorkerPool:
                     if job is None or ack.seq != slot.seq or slot.started:
                         raise ChannelError("a start that does not match the request in flight")
                     slot.started = True
+                    continue
+                applying = Applying.from_wire(raw) if hardening.keeps_workspace() else None
+                if applying is not None:
+                    if job is None or applying.seq != slot.seq or not slot.started or slot.applying:
+                        raise ChannelError("an apply notice that does not match the request in flight")
+                    slot.applying = True  # once: the deadline moves at most APPLY_GRACE later
+                    if not slot.killed:
+                        job.deadline = max(job.deadline, time.monotonic() + APPLY_GRACE)
                     continue
                 reply = Reply.from_wire(raw)
                 if job is None or reply.seq != slot.seq:
