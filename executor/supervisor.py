@@ -46,6 +46,7 @@ from protocol import (
 )
 from protocol.curve import CurveError, load_pair, load_public
 from protocol.timing import HELD_RECENT
+from protocol.wire import LogBudget
 
 log = logging.getLogger("ciayn-executor")
 
@@ -98,6 +99,7 @@ class Supervisor:
         self.pool = WorkerPool(config, size=workers, on_done=self._finish, next_job=self.calls.next_queued,
                                requeue=self.calls.requeue, queued=lambda: len(self.calls.queue))
         self.clients: ClientSide | None = None
+        self.complaints = LogBudget(log, "protocol errors from clients")  # a flood of bad messages, a bounded log
         self.stopping = False
         self.exit_code = 0  # 1 when it stops because it cannot go on (the template died)
 
@@ -219,6 +221,7 @@ class Supervisor:
             wait_ms = 0 if self.pool.spinning(now) else max(0, int(due * 1000) + 1)
             events = dict(poller.poll(wait_ms))
             now = time.monotonic()
+            self.complaints.flush(now)  # say how many were not logged once the window is over
             if wake_r in events:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
@@ -239,7 +242,7 @@ class Supervisor:
         assert self.clients is not None
         for route, msg in self.clients.receive():
             if isinstance(msg, ProtocolError):
-                log.warning("protocol error from client %s: %s", route.hex()[:8], msg)
+                self.complaints.warning("protocol error from client %s: %s", route.hex()[:8], msg)
                 self._send(route, msg.reply())
             elif isinstance(msg, Call):
                 self._on_call(route, msg)
