@@ -42,6 +42,7 @@ RECV_BATCH = 1000  # messages taken per wake-up, so deadlines and workers are se
 RECV_BUDGET_S = 0.02  # ...and seconds spent taking them (a decode costs up to tens of milliseconds)
 HANDSHAKE_IVL_MS = 5000  # a connection that has not completed the ZMTP (and Curve) handshake is closed
 SEND_HWM = 64  # messages libzmq queues for one client; beyond, answers wait in its outbox (counted in bytes)
+RECV_HWM = 4  # messages libzmq reads ahead from one connection (each up to 128 MiB); the rest wait in the peer
 OUTBOX_BYTES = 256 * 1024 * 1024  # answers held for one client (its outbox and ZeroMQ's pipe to it), at most
 OUTBOX_TOTAL_BYTES = 1024 * 1024 * 1024  # answers held for all clients together, at most
 TRACK_BYTES = 64 * 1024  # answers this large go to ZeroMQ uncopied, followed until it has sent them
@@ -115,6 +116,7 @@ class RouterEndpoint:
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a client reconnecting under its routing id takes it over
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full pipe raises Again instead of dropping the answer
         sock.setsockopt(zmq.SNDHWM, SEND_HWM)  # libzmq counts messages, not bytes: keep its share small
+        sock.setsockopt(zmq.RCVHWM, RECV_HWM)  # likewise for what it reads ahead of the loop
         sock.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
         if curve_secret:
             from protocol.curve import CurveError, secure_server

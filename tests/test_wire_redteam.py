@@ -304,10 +304,6 @@ def test_a_flood_of_malformed_messages_is_logged_at_a_bounded_rate_by_the_broker
         pool.stop()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "executor/supervisor.py _on_clients logs every ProtocolError with log.warning: 5,000 malformed calls "
-    "make 5,000 lines (50,000 made 6.8 MB in 13 s against `serve --tools tests/tools/faulty.py`). Fix: "
-    "log them through protocol.wire.LogBudget, as the broker and the client now do"))
 def test_a_flood_of_malformed_messages_is_logged_at_a_bounded_rate_by_the_executor(
     make_client: Callable[..., ExecutorClient]
 ) -> None:
@@ -319,12 +315,6 @@ def test_a_flood_of_malformed_messages_is_logged_at_a_bounded_rate_by_the_execut
     assert 1 <= lines <= LOG_BURST * (elapsed / 10 + 2), (lines, elapsed)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "executor/calls.py CallTable queues calls first come, first served across clients: one client that "
-    "queues 30 calls of nap(0.3) on `serve --workers 1` makes another client's call wait behind all of "
-    "them (9 s), so it is answered unavailable at its 3 s timeout. The broker serves clients in turn "
-    "(executor/fairqueue.py); the executor's own queue should too (and bound one client's share of "
-    "--max-queue)"))
 def test_one_client_flooding_an_executor_delays_another_by_at_most_one_call(
     make_client: Callable[..., ExecutorClient]
 ) -> None:
@@ -425,3 +415,45 @@ def test_a_server_pushing_large_messages_cannot_fill_the_clients_memory(
     assert future.result().error is not None and future.result().error.kind == "timeout"  # type: ignore[union-attr]
     grown = (peak - before) / (1 << 20)
     assert grown < 500, f"the client grew by {grown:.0f} MiB"  # RECV_HWM (4) messages read ahead, and copies
+
+
+def test_a_client_pushing_large_calls_cannot_fill_the_executors_memory(
+    make_client: Callable[..., ExecutorClient]
+) -> None:
+    """Attack: one raw client sends 40 calls of 60 MiB each (valid msgpack, the same id, arguments the
+    tool refuses) without waiting. ZeroMQ read them ahead of the executor's loop up to its receive
+    high-water mark (1,000 messages by default): the supervisor grew by 2,760 MiB for 60 such calls. Now it reads at
+    most ``RECV_HWM`` ahead per connection (479 MiB at the peak); every call is answered and the
+    executor then serves a normal call."""
+    import psutil
+
+    client = make_client(reuse_workers=True)
+    local = client.local  # type: ignore[attr-defined]
+    supervisor = psutil.Process(local.proc.pid)
+    body = msgpack.packb({"id": "big-1", "tool": "noop", "args": ["x" * (60 << 20)]})
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.connect(local.endpoint)
+    try:
+        before = supervisor.memory_info().rss
+        peak = before
+        for _ in range(40):
+            sock.send_multipart([VERSION, b"call", body], copy=False)  # the same bytes: no copy here
+        answered = 0
+        deadline = time.monotonic() + 120
+        while answered < 40 and time.monotonic() < deadline:
+            peak = max(peak, supervisor.memory_info().rss)
+            if sock.poll(10):
+                reply = decode(sock.recv_multipart())
+                assert isinstance(reply, Result) and reply.error is not None
+                assert reply.error.kind == "bad_arguments", reply
+                answered += 1
+        assert answered == 40
+        grown = (peak - before) / (1 << 20)
+        assert grown < 1000, f"the executor grew by {grown:.0f} MiB"
+        assert client.call(Call(tool="noop"), timeout=10).ok
+    finally:
+        sock.close(0)
+        ctx.term()
