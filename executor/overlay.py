@@ -52,10 +52,11 @@ import socket
 import stat
 import struct
 import time
-from typing import NoReturn
+from collections.abc import Callable
+from typing import NamedTuple, NoReturn
 
 from executor import framing
-from executor.channel import CallRequest, ChannelError, Reply, Started
+from executor.channel import Applying, CallRequest, ChannelError, Reply, Started
 from protocol import Limits
 from protocol.codec import unpack
 
@@ -63,6 +64,9 @@ MB = 1024 * 1024
 BLOCK = 4096  # every name counts at least this much (and sizes are rounded up to it): bounds files too
 DEFAULT_QUOTA_MB = 1024
 MAX_DEPTH = 100  # directories nested deeper than this in one call's changes are refused (2 fds a level)
+WALK_DEPTH = MAX_DEPTH + 1  # levels a walk of the host's workspace enters (tree_usage): all a call can make
+TEMP = ".ciayn-apply-"  # an apply's temporary names start with this and its token
+APPLY_MARGIN = 10.0  # seconds of the supervisor's APPLY_GRACE kept for the renames and the reply
 LOCK_WAIT = 60.0  # seconds an applier waits for another call's apply to finish
 UPPER = "/.ciayn-upper"  # in the staged root: where the keeper mounts the call's tmpfs
 TALLY = "/.ciayn-tally"  # in the staged root: the executor's tmpfs holding the workspace's size (``commit``)
@@ -79,33 +83,87 @@ class Refused(Exception):
     """The call's changes cannot be applied; the message is for the call's result."""
 
 
+def _rounded(size: int) -> int:
+    return max(BLOCK, -(-size // BLOCK) * BLOCK)
+
+
 def usage(st: os.stat_result) -> int:
     """What one name costs against the quota: its apparent size rounded up to ``BLOCK`` (so a
     sparse file counts in full, and each name at least one block, which bounds the number of files
     too). Hard links count once per name: that is how they are applied."""
     if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
-        return max(BLOCK, -(-st.st_size // BLOCK) * BLOCK)
+        return _rounded(st.st_size)
     return BLOCK
 
 
-def tree_usage(dir_fd: int) -> int:
-    """``usage`` of everything under an open directory, never following a symbolic link: only
-    entries seen as directories by ``lstat`` are entered, and no tool process can change the real
-    workspace meanwhile (appliers hold its lock). One descriptor at a time, however wide."""
+def _dirent(name: str) -> int:
+    """At most what adding ``name`` grows a host directory by: twice an ext4 entry (8 bytes and the
+    name, 4-aligned: the largest of the common filesystems), for blocks that splits left half full.
+    The upper layer's own size of a directory (tmpfs: 20 bytes a name) says nothing about it."""
+    return 2 * ((8 + len(os.fsencode(name)) + 3) & ~3)
+
+
+def tree_usage(dir_fd: int, budget: int | None = None) -> int:
+    """``usage`` of everything under an open directory, walked from directory descriptors (each
+    level opened from its parent's with ``O_NOFOLLOW | O_DIRECTORY``, read with ``scandir`` on the
+    descriptor, sized with ``fstatat``): no path grows with the depth, and only what ``lstat`` shows
+    is a directory is entered. No tool process can change the real workspace meanwhile (appliers
+    hold its lock); what the host removes meanwhile is skipped.
+
+    Bounded: it enters at most ``WALK_DEPTH`` levels (two descriptors a level; a directory deeper
+    counts as itself: nothing a call applies is that deep, see ``MAX_DEPTH``), and with ``budget``
+    it stops as soon as the total passes ``budget`` bytes and returns what it counted so far (each
+    name costs at least ``BLOCK``, so it reads at most ``budget // BLOCK + 1`` names): a lower
+    bound then. Memory: one directory stream a level, however wide."""
     total = 0
-    stack = [f"/proc/self/fd/{dir_fd}"]
-    while stack:
-        with os.scandir(stack.pop()) as entries:
-            for entry in entries:
+    fds: list[int] = []
+    streams: list[os._ScandirIterator[str]] = [os.scandir(dir_fd)]
+    try:
+        while streams:
+            entry = next(streams[-1], None)
+            if entry is None:
+                streams.pop().close()
+                if fds:
+                    os.close(fds.pop())
+                continue
+            try:
                 st = entry.stat(follow_symlinks=False)
-                total += usage(st)
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append(entry.path)
+            except FileNotFoundError:
+                continue
+            total += usage(st)
+            if budget is not None and total > budget:
+                break
+            if stat.S_ISDIR(st.st_mode) and len(streams) <= WALK_DEPTH:
+                try:
+                    fd = _open_dir(entry.name, fds[-1] if fds else dir_fd)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                fds.append(fd)
+                streams.append(os.scandir(fd))
+    finally:
+        for stream in streams:
+            stream.close()
+        for fd in fds:
+            os.close(fd)
     return total
 
 
 def _open_dir(name: str, dir_fd: int) -> int:
     return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+
+
+def _open_path(top: int, where: tuple[str, ...]) -> int:
+    """A directory below ``top`` opened one name at a time (never a path string, never a link)."""
+    fd = os.dup(top)
+    try:
+        for name in where:
+            sub = _open_dir(name, fd)
+            os.close(fd)
+            fd = sub
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _lstat(name: str, dir_fd: int | None) -> os.stat_result | None:
@@ -117,6 +175,10 @@ def _lstat(name: str, dir_fd: int | None) -> os.stat_result | None:
         return None
 
 
+def _is_whiteout(st: os.stat_result) -> bool:
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == WHITEOUT_RDEV
+
+
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
                        (stat.S_ISBLK, "block device")):
@@ -125,75 +187,201 @@ def _kind(mode: int) -> str:
     return "file of an unknown type"
 
 
-class _Changes:
-    """One walk of the upper layer against the real workspace: a dry run (``apply=False``) sizes
-    and checks the change set; the second walk applies it."""
+class _Plan:
+    """The dry run: checks the change set (kinds, depth) and costs it, without changing anything.
 
-    def __init__(self, owner: tuple[int, int], apply: bool) -> None:
-        self.owner = owner
-        self.apply = apply
-        self.delta = 0  # bytes (``usage``) the workspace gains
+    ``delta`` is what the workspace's ``tree_usage`` can grow by at most: files and links at their
+    ``usage``; a directory the call makes at what it will take on the host (``_dirent`` for each of
+    its names); a directory of the host's that gets new names at its growth by ``_dirent`` each,
+    rounded up to blocks with one block more for the index, and never as shrinking (a host's
+    directory keeps its size when names leave it). What the call deletes is credited at its
+    ``usage``, a deleted tree walked with a budget of ``quota`` bytes for the whole change set (a
+    tree past it is credited in part: a lower bound)."""
+
+    def __init__(self, quota: int) -> None:
+        self.delta = 0
         self.entries = 0
+        self.walk_left = quota
+        self.dirs: list[tuple[str, ...]] = []  # the host's directories it changes: where temporaries go
 
-    def directory(self, upper: int, real: int | None, depth: int, where: str) -> None:
+    def directory(self, upper: int, real: int | None, size: int, depth: int, where: tuple[str, ...]) -> None:
+        """``real``: the host's directory merged with ``upper`` (None: a new one); ``size``: its size."""
         if depth > MAX_DEPTH:
-            raise Refused(f"directories nested more than {MAX_DEPTH} deep ({where[:200]}...)")
+            raise Refused(f"directories nested more than {MAX_DEPTH} deep ({'/'.join(where)[:200]}...)")
+        if real is not None:
+            self.dirs.append(where)
+        grows = 0
         for name in sorted(os.listdir(upper)):
             self.entries += 1
-            path = f"{where}/{name}"
             st = os.stat(name, dir_fd=upper, follow_symlinks=False)
             old = _lstat(name, real)
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == WHITEOUT_RDEV:  # deleted by the call
+            if _is_whiteout(st):  # deleted by the call
                 self.delta -= self._old_usage(real, name, old)
-                if self.apply and real is not None and old is not None:
-                    _remove(real, name, old)
-            elif stat.S_ISDIR(st.st_mode):
+                continue
+            if old is None:
+                grows += _dirent(name)
+            if stat.S_ISDIR(st.st_mode):
                 merged = old is not None and stat.S_ISDIR(old.st_mode) and not _opaque(upper, name)
-                self.delta += usage(st) - (usage(old) if merged and old is not None else
-                                           self._old_usage(real, name, old))
-                self._enter(upper, real, name, st, old, merged, depth, path)
+                if not merged:
+                    self.delta -= self._old_usage(real, name, old)
+                sub_real = _open_dir(name, real) if merged and real is not None else None
+                sub_upper = _open_dir(name, upper)
+                try:
+                    self.directory(sub_upper, sub_real, old.st_size if merged and old is not None else 0,
+                                   depth + 1, (*where, name))
+                finally:
+                    os.close(sub_upper)
+                    if sub_real is not None:
+                        os.close(sub_real)
             elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
                 self.delta += usage(st) - self._old_usage(real, name, old)
-                if self.apply and real is not None:
-                    _put(upper, real, name, st, old, self.owner)
             else:
-                raise Refused(f"the call made {path[1:]!r}, a {_kind(st.st_mode)}: only files, directories and "
-                              "symbolic links can be written to the workspace")
+                raise Refused(f"the call made {'/'.join((*where, name))!r}, a {_kind(st.st_mode)}: only files, "
+                              "directories and symbolic links can be written to the workspace")
+        if real is None:  # made by the call: an empty directory is one block
+            self.delta += _rounded(BLOCK + grows)
+        elif grows:
+            self.delta += _rounded(size + grows + BLOCK) - _rounded(size)
 
-    def _enter(self, upper: int, real: int | None, name: str, st: os.stat_result, old: os.stat_result | None,
-               merged: bool, depth: int, path: str) -> None:
-        sub_real = None
-        if self.apply and real is not None:
-            if not merged:
-                if old is not None:
-                    _remove(real, name, old)
-                os.mkdir(name, 0o700, dir_fd=real)
-            sub_real = _open_dir(name, real)
-            if not merged:  # a directory of the host's keeps its owner
-                os.fchown(sub_real, *self.owner)
-            if not merged or old is None or stat.S_IMODE(st.st_mode) != stat.S_IMODE(old.st_mode):
-                os.fchmod(sub_real, stat.S_IMODE(st.st_mode) & 0o777)
-        elif merged and real is not None:
-            sub_real = _open_dir(name, real)
-        sub_upper = _open_dir(name, upper)
-        try:
-            self.directory(sub_upper, sub_real, depth + 1, path)
-        finally:
-            os.close(sub_upper)
-            if sub_real is not None:
-                os.close(sub_real)
-
-    @staticmethod
-    def _old_usage(real: int | None, name: str, old: os.stat_result | None) -> int:
+    def _old_usage(self, real: int | None, name: str, old: os.stat_result | None) -> int:
         if real is None or old is None:
             return 0
-        if stat.S_ISDIR(old.st_mode):
-            fd = _open_dir(name, real)
+        if not stat.S_ISDIR(old.st_mode) or self.walk_left <= 0:
+            return usage(old)
+        fd = _open_dir(name, real)
+        try:
+            inside = tree_usage(fd, self.walk_left)
+        finally:
+            os.close(fd)
+        self.walk_left -= inside
+        return usage(old) + inside
+
+
+class _Op(NamedTuple):
+    """One step of putting a staged change set in place, in a directory of the host's."""
+
+    name: str
+    kind: str  # "place" (``temp`` renamed over ``name``), "delete", "chmod" (a merged directory to ``mode``)
+    temp: str = ""
+    is_dir: bool = False
+    mode: int = 0
+
+
+class _Stage:
+    """Applies a planned change set in three steps, so that a keeper killed at any point leaves as
+    little as possible:
+
+    1. ``directory``: everything new is copied into the host's workspace under temporary names
+       (``TEMP`` + this apply's token), each beside the name it will take; a directory the call
+       made is built whole under its temporary name. Nothing the workspace showed has changed.
+    2. ``put_in_place``: the renames (and a merged directory's new mode), one directory at a time;
+       what they replace or delete is renamed aside to temporary names. Only renames: milliseconds
+       for thousands of names.
+    3. ``empty_trash``: what was set aside is removed.
+
+    The token and the host's directories involved are written to a journal (beside the tally)
+    before step 1, so the next apply removes what a killed one left (``clean``)."""
+
+    def __init__(self, owner: tuple[int, int], token: str) -> None:
+        self.owner, self.token = owner, token
+        self.count = 0
+        self.placed = 0
+        self.ops: dict[tuple[str, ...], list[_Op]] = {}
+        self.trash: dict[tuple[str, ...], list[str]] = {}
+
+    def _temp(self) -> str:
+        self.count += 1
+        return f"{TEMP}{self.token}-{self.count}"
+
+    def directory(self, upper: int, real: int, where: tuple[str, ...], fresh: bool) -> None:
+        """``fresh``: ``real`` was made by this apply (under a temporary name): entries go in under
+        their own names, and deletion marks mean nothing there."""
+        for name in sorted(os.listdir(upper)):
+            st = os.stat(name, dir_fd=upper, follow_symlinks=False)
+            if _is_whiteout(st):
+                if not fresh and _lstat(name, real) is not None:
+                    self.ops.setdefault(where, []).append(_Op(name, "delete"))
+                continue
+            old = None if fresh else _lstat(name, real)
+            target = name if fresh else self._temp()
+            mode = stat.S_IMODE(st.st_mode) & 0o777
+            if not stat.S_ISDIR(st.st_mode):
+                _copy(upper, real, name, st, target, self.owner)
+                if not fresh:
+                    self.ops.setdefault(where, []).append(_Op(name, "place", target))
+                continue
+            merged = old is not None and stat.S_ISDIR(old.st_mode) and not _opaque(upper, name)
+            if merged:
+                assert old is not None
+                if stat.S_IMODE(old.st_mode) != stat.S_IMODE(st.st_mode):  # a host's set-group-ID bit stays
+                    self.ops.setdefault(where, []).append(_Op(name, "chmod", mode=mode))
+                sub_real = _open_dir(name, real)
+            else:
+                os.mkdir(target, 0o700, dir_fd=real)
+                sub_real = _open_dir(target, real)
+                os.fchown(sub_real, *self.owner)  # a directory of the host's keeps its owner
+                os.fchmod(sub_real, mode)
+                if not fresh:
+                    self.ops.setdefault(where, []).append(_Op(name, "place", target, is_dir=True))
+            sub_upper = _open_dir(name, upper)
             try:
-                return usage(old) + tree_usage(fd)
+                self.directory(sub_upper, sub_real, (*where, name), fresh or not merged)
+            finally:
+                os.close(sub_upper)
+                os.close(sub_real)
+
+    def put_in_place(self, ws: int) -> None:
+        """Step 2; ``placed`` counts the entries put in place (deleted, replaced, made)."""
+        for where, ops in self.ops.items():
+            fd = _open_path(ws, where)
+            try:
+                for op in ops:
+                    if op.kind == "chmod":
+                        sub = _open_dir(op.name, fd)
+                        try:
+                            os.fchmod(sub, op.mode)
+                        finally:
+                            os.close(sub)
+                        continue
+                    now = _lstat(op.name, fd)  # as it is now: the host may have changed it since the plan
+                    if now is not None and (op.kind == "delete" or op.is_dir or stat.S_ISDIR(now.st_mode)):
+                        aside = self._temp()  # a rename cannot replace a directory, or put one over a file
+                        os.rename(op.name, aside, src_dir_fd=fd, dst_dir_fd=fd)
+                        self.trash.setdefault(where, []).append(aside)
+                    if op.kind == "place":
+                        os.rename(op.temp, op.name, src_dir_fd=fd, dst_dir_fd=fd)
+                    self.placed += 1
             finally:
                 os.close(fd)
-        return usage(old)
+
+    def empty_trash(self, ws: int) -> None:
+        """Step 3."""
+        for where, names in self.trash.items():
+            fd = _open_path(ws, where)
+            try:
+                for name in names:
+                    old = _lstat(name, fd)
+                    if old is not None:
+                        _remove(fd, name, old)
+            finally:
+                os.close(fd)
+
+
+def clean(ws: int, token: str, dirs: list[tuple[str, ...]]) -> None:
+    """Remove every temporary name of the apply ``token`` from the host's directories ``dirs`` (those
+    it staged into): what a keeper killed mid-apply left. Directories gone meanwhile are skipped."""
+    prefix = f"{TEMP}{token}-"
+    for where in dirs:
+        try:
+            fd = _open_path(ws, where)
+        except OSError:
+            continue
+        try:
+            for name in os.listdir(fd):
+                if name.startswith(prefix) and (old := _lstat(name, fd)) is not None:
+                    _remove(fd, name, old)
+        finally:
+            os.close(fd)
 
 
 def _opaque(upper: int, name: str) -> bool:
@@ -210,45 +398,41 @@ def _opaque(upper: int, name: str) -> bool:
 
 def _remove(real: int, name: str, old: os.stat_result) -> None:
     if stat.S_ISDIR(old.st_mode):
-        shutil.rmtree(name, dir_fd=real)  # descriptor-based: never follows a symbolic link
+        shutil.rmtree(name, dir_fd=real)  # descriptor-based: never follows a symbolic link, any path length
     else:
         os.unlink(name, dir_fd=real)
 
 
-def _put(upper: int, real: int, name: str, st: os.stat_result, old: os.stat_result | None,
-         owner: tuple[int, int]) -> None:
-    """Write one file or symbolic link of the upper layer into the real directory, whole: made under a
-    temporary name and renamed over ``name``."""
-    temp = f".ciayn-apply-{os.urandom(8).hex()}"
+def _copy(upper: int, real: int, name: str, st: os.stat_result, target: str, owner: tuple[int, int]) -> None:
+    """Copy one file or symbolic link of the upper layer to the new name ``target`` in the real
+    directory: a file is written unnamed (``O_TMPFILE``) and linked in whole, owned by ``owner``,
+    with its permission bits only (no set-ID); a link is made as a link."""
     if stat.S_ISLNK(st.st_mode):
-        os.symlink(os.readlink(name, dir_fd=upper), temp, dir_fd=real)
-        os.chown(temp, *owner, dir_fd=real, follow_symlinks=False)
-    else:
-        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=upper)
+        os.symlink(os.readlink(name, dir_fd=upper), target, dir_fd=real)
+        os.chown(target, *owner, dir_fd=real, follow_symlinks=False)
+        return
+    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=upper)
+    try:
+        try:  # unnamed until it is whole
+            dst, named = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600, dir_fd=real), False
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise
+            flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC  # no O_TMPFILE here
+            dst, named = os.open(target, flags, 0o600, dir_fd=real), True
         try:
-            try:  # unnamed until it is whole: nothing is left if the keeper is killed meanwhile
-                dst, named = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600, dir_fd=real), False
-            except OSError as e:
-                if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-                    raise
-                flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC  # no O_TMPFILE here
-                dst, named = os.open(temp, flags, 0o600, dir_fd=real), True
-            try:
-                offset = 0
-                while sent := os.sendfile(dst, src, offset, 1 << 30):
-                    offset += sent
-                os.fchown(dst, *owner)
-                os.fchmod(dst, stat.S_IMODE(st.st_mode) & 0o777)
-                os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-                if not named:
-                    os.link(f"/proc/self/fd/{dst}", temp, dst_dir_fd=real, follow_symlinks=True)
-            finally:
-                os.close(dst)
+            offset = 0
+            while sent := os.sendfile(dst, src, offset, 1 << 30):
+                offset += sent
+            os.fchown(dst, *owner)
+            os.fchmod(dst, stat.S_IMODE(st.st_mode) & 0o777)
+            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+            if not named:
+                os.link(f"/proc/self/fd/{dst}", target, dst_dir_fd=real, follow_symlinks=True)
         finally:
-            os.close(src)
-    if old is not None and stat.S_ISDIR(old.st_mode):
-        shutil.rmtree(name, dir_fd=real)
-    os.rename(temp, name, src_dir_fd=real, dst_dir_fd=real)
+            os.close(dst)
+    finally:
+        os.close(src)
 
 
 def _lock(fd: int, wait: float = LOCK_WAIT) -> None:
@@ -263,51 +447,101 @@ def _lock(fd: int, wait: float = LOCK_WAIT) -> None:
             time.sleep(0.005)
 
 
-def commit(upper: str, workspace: str, quota: int, tally: str | None = None) -> str | None:
+def commit(upper: str, workspace: str, quota: int, tally: str | None = None,
+           announce: Callable[[], None] | None = None, within: float | None = None) -> str | None:
     """Apply the upper layer ``upper`` to ``workspace`` if the change set is acceptable and the
     workspace stays within ``quota`` bytes (or does not grow). Returns None when applied (or there
-    was nothing to apply), else why nothing was applied, for the call's result. Runs in the keeper,
-    as root, after every process of the call is gone.
+    was nothing to apply), else why nothing (or, if the host's workspace failed under it, not all)
+    was applied, for the call's result. Runs in the keeper, as root, after every process of the
+    call is gone. ``announce`` is called first when there is something to apply; ``within`` (seconds
+    from then) bounds the wait for the lock, the plan and the copy: past it nothing is applied.
 
     ``tally`` is a file (private to the executor) that remembers the workspace's size between
     calls, so that a call does not walk the whole workspace: measured by the first call that adds
     to it, then kept up to date by every change applied. A call the tally would refuse is measured
     afresh first (the host may have removed files meanwhile); what the host adds between calls is
-    not seen until then."""
+    not seen until then. Beside it, ``<tally>.journal`` names an apply under way (``_Stage``)."""
     up = os.open(upper, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     ws = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         if not os.listdir(up):
             return None  # nothing written: the common case costs one readdir
+        if announce is not None:
+            announce()
+        until = None if within is None else time.monotonic() + within
         st = os.fstat(ws)
         owner = (st.st_uid, st.st_gid)
+        journal = None if tally is None else f"{tally}.journal"
         try:
-            _lock(ws)
-            plan = _Changes(owner, apply=False)
-            plan.directory(up, ws, 0, "")
+            _lock(ws, LOCK_WAIT if until is None else max(0.0, min(LOCK_WAIT, until - time.monotonic())))
+            if journal is not None and (left := _read_journal(journal)) is not None:
+                clean(ws, *left)  # what an apply killed midway left
+                os.unlink(journal)
+            plan = _Plan(quota)
+            plan.directory(up, ws, st.st_size, 0, ())
             before = _read_tally(tally)
             if plan.delta > 0 and (before is None or before + plan.delta > quota):
-                before = tree_usage(ws)  # measured: the first time, or before refusing
-                _write_tally(tally, before)
+                before = tree_usage(ws, quota)  # measured: the first time, or before refusing
+                _write_tally(tally, before if before <= quota else None)  # a walk cut short is a lower bound
                 if before + plan.delta > quota:
                     return (f"the call's changes to the workspace were discarded: they would take it to "
-                            f"{(before + plan.delta) / MB:.2f} MB, over its quota of {quota / MB:g} MB "
-                            f"(--workspace-quota; it held {before / MB:.2f} MB)")
+                            f"{(before + plan.delta) / MB:.2f} MB or more, over its quota of {quota / MB:g} MB "
+                            f"(--workspace-quota; it held {before / MB:.2f} MB or more)")
         except Refused as e:
             return f"the call's changes to the workspace were discarded: {e}"
+        token = os.urandom(8).hex()
         _write_tally(tally, None)  # unknown while applying (a keeper killed meanwhile leaves none)
-        done = _Changes(owner, apply=True)
+        _write_journal(journal, token, plan.dirs)
+        stage = _Stage(owner, token)
         try:
-            done.directory(up, ws, 0, "")
-        except OSError as e:
-            return (f"the call's changes to the workspace could not all be applied ({e}); "
-                    f"{done.entries} of {plan.entries} entries were")
+            stage.directory(up, ws, (), fresh=False)
+            if until is not None and time.monotonic() > until:
+                raise Refused(f"applying them took more than {within:g} s")
+        except (OSError, Refused) as e:
+            clean(ws, token, plan.dirs)
+            _write_journal(journal, None, [])
+            why = e if isinstance(e, Refused) else f"they could not be copied to it ({e})"
+            return f"the call's changes to the workspace were discarded: {why}"
+        try:
+            stage.put_in_place(ws)
+        except OSError as e:  # the host changed the workspace under the apply
+            clean(ws, token, plan.dirs)
+            _write_journal(journal, None, [])
+            return (f"the call's changes to the workspace could not all be applied ({e}): "
+                    f"{stage.placed} of {sum(map(len, stage.ops.values()))} were put in place")
+        stage.empty_trash(ws)
+        _write_journal(journal, None, [])
         if before is not None:
             _write_tally(tally, max(0, before + plan.delta))
         return None
     finally:
         os.close(up)
         os.close(ws)
+
+
+def _read_journal(path: str) -> tuple[str, list[tuple[str, ...]]] | None:
+    try:
+        with open(path) as f:
+            token, *dirs = f.read().split("\n")
+    except (OSError, ValueError):
+        return None
+    return token, [tuple(os.fsdecode(n) for n in bytes.fromhex(d).split(b"/")) if d else () for d in dirs]
+
+
+def _write_journal(path: str | None, token: str | None, dirs: list[tuple[str, ...]]) -> None:
+    """Names an apply under way: its token, then each host directory it stages into (its names,
+    fs-encoded, joined by '/', in hex). None: no apply is under way."""
+    if path is None:
+        return
+    if token is None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    lines = [token] + [b"/".join(os.fsencode(n) for n in where).hex() for where in dirs]
+    temp = f"{path}.{os.getpid()}"
+    with open(temp, "w") as f:
+        f.write("\n".join(lines))
+    os.rename(temp, path)
 
 
 def _read_tally(path: str | None) -> int | None:
@@ -393,6 +627,17 @@ def _is_start(frame: bytes) -> bool:
         return Started.from_wire(_decode(frame) or {}) is not None
     except ChannelError:
         return False  # held, and judged by the supervisor like any malformed message
+
+
+def _as_the_calls(frame: bytes) -> bytes:
+    """A frame of the child's, made fit to forward: an ``Applying`` notice is the keeper's alone, so
+    one the call sent becomes a message the supervisor refuses as malformed, as it would refuse it
+    from a worker without a keeper (the call cannot buy itself time)."""
+    if Applying.OP.encode() in frame:  # cheap test first: the reply is usually the only frame
+        obj = _decode(frame)
+        if isinstance(obj, dict) and obj.get("op") == Applying.OP:
+            return framing.pack({"op": f"{Applying.OP} (sent by the call, not its keeper)"})
+    return frame
 
 
 def _decode(frame: bytes) -> object:
@@ -519,7 +764,7 @@ class Keeper:
 
     def _pass_through(self) -> None:
         self.passthrough = True
-        self.chan.sendall(b"".join(self.held) + bytes(self.from_child.buf))
+        self.chan.sendall(b"".join(map(_as_the_calls, self.held)) + bytes(self.from_child.buf))
         self.held.clear()
         self.from_child.buf.clear()
 
@@ -538,8 +783,11 @@ class Keeper:
         flight (a death after its answer does not undo it), then forward its frames."""
         reply = self._reply()
         if reply is not None:
+            from executor.pool import APPLY_GRACE  # imported late, like _reply_cap's (loaded already in a worker)
+
             try:
-                problem = commit(self.upper, self.workspace, self.quota, self.tally)
+                problem = commit(self.upper, self.workspace, self.quota, self.tally,
+                                 announce=lambda: self._announce(reply.seq), within=APPLY_GRACE - APPLY_MARGIN)
             except OSError as e:
                 problem = f"the call's changes to the workspace could not be applied: {e}"
             if problem is not None:
@@ -547,7 +795,13 @@ class Keeper:
                 reply.error = {"kind": "output_limit", "message": problem}
                 self.held = [framing.pack(reply.to_wire())]
         with contextlib.suppress(OSError):
-            self.chan.sendall(b"".join(self.held) + bytes(self.from_child.buf))
+            self.chan.sendall(b"".join(map(_as_the_calls, self.held)) + bytes(self.from_child.buf))
+
+    def _announce(self, seq: int) -> None:
+        """Tell the supervisor the call answered and its writes are being applied (``Applying``): it
+        gives the call ``APPLY_GRACE`` more, so its deadline does not kill us halfway."""
+        with contextlib.suppress(OSError):
+            self.chan.sendall(framing.pack(Applying(seq=seq).to_wire()))
 
     def _kill_child(self) -> None:
         with contextlib.suppress(ProcessLookupError):
