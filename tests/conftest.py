@@ -37,7 +37,7 @@ EXCLUSIVE_GROUPS = {
     "embedded-model": ("test_demo.py", "test_local_model.py", "test_local_e2e.py"),
     # the first two check that a hardened executor left no mount on the host (a before/after diff of
     # /proc/self/mountinfo); the third mounts named network namespaces (ip netns) on the host
-    "host-mounts": ("test_hardened.py", "test_hardened_quota.py", "test_broker_netns.py"),
+    "host-mounts": ("test_hardened.py", "test_hardened_quota.py", "test_broker_netns.py", "test_overlay_apply.py"),
 }
 # Units that take longest, started first so that no worker is left with one of them at the end while
 # the others idle. Only an order: a name missing here costs balance, never correctness.

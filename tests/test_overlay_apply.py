@@ -1,0 +1,168 @@
+"""The keeper's apply step (``executor.overlay.commit``) as a transaction, beyond what the red team's
+tests (tests/test_overlay_redteam.py) reach: a keeper killed between its copy and its renames, the
+walk's bounds, the ``Applying`` notice (sent only when something is applied, never the call's own)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import test_overlay_redteam as redteam
+from test_hardened_quota import Served, _stop
+
+from executor import framing, overlay
+from executor.channel import Applying, Reply
+
+
+@pytest.fixture
+def layers(tmp_path: Path) -> tuple[Path, Path, str]:
+    if os.geteuid() != 0:
+        pytest.skip("the applier chowns to the workspace's owner: root only")
+    upper, real, private = tmp_path / "upper", tmp_path / "real", tmp_path / "private"
+    for d in (upper, real, private):
+        d.mkdir()
+    return upper, real, str(private / "workspace-size")
+
+
+def _visible(real: Path) -> dict[str, str]:
+    return {p.name: "<dir>" if p.is_dir() else p.read_text() for p in real.iterdir()
+            if not p.name.startswith(overlay.TEMP)}
+
+
+def test_a_keeper_killed_before_its_renames_changes_nothing_and_the_next_apply_clears_what_it_left(
+        layers: tuple[Path, Path, str]) -> None:
+    upper, real, tally = layers
+    (real / "kept.txt").write_text("old")
+    (real / "gone.txt").write_text("old")
+    (real / "sub").mkdir()
+    (upper / "kept.txt").write_text("new")
+    (upper / "added.txt").write_text("added")
+    os.mknod(upper / "gone.txt", stat.S_IFCHR | 0o600, os.makedev(0, 0))  # a whiteout
+    (upper / "sub").mkdir()
+    (upper / "sub" / "deeper.txt").write_text("deeper")
+    (upper / "newdir").mkdir()
+    (upper / "newdir" / "inside.txt").write_text("inside")
+    pid = os.fork()
+    if pid == 0:  # a keeper SIGKILLed (a cancel, a shutdown) after its copy, before its first rename
+        with mock.patch.object(overlay._Stage, "put_in_place", lambda *_: os.kill(os.getpid(), signal.SIGKILL)):
+            overlay.commit(str(upper), str(real), 1 << 30, tally)
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == signal.SIGKILL
+    assert _visible(real) == {"kept.txt": "old", "gone.txt": "old", "sub": "<dir>"}
+    assert [p.name for p in (real / "sub").iterdir() if not p.name.startswith(overlay.TEMP)] == []
+    left = [p for p in real.rglob(f"{overlay.TEMP}*")]
+    assert left and Path(f"{tally}.journal").exists()  # staged, named in the journal
+
+    for p in upper.iterdir():  # the next call's changes
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    (upper / "next.txt").write_text("next")
+    assert overlay.commit(str(upper), str(real), 1 << 30, tally) is None
+    assert not list(real.rglob(f"{overlay.TEMP}*")) and not Path(f"{tally}.journal").exists()
+    assert _visible(real) == {"kept.txt": "old", "gone.txt": "old", "sub": "<dir>", "next.txt": "next"}
+
+
+def test_a_committed_apply_leaves_no_temporary_name_and_replaces_across_kinds(layers: tuple[Path, Path, str]) -> None:
+    upper, real, tally = layers
+    (real / "was_dir").mkdir()
+    (real / "was_dir" / "f").write_text("old")
+    (real / "was_file").write_text("old")
+    (upper / "was_dir").write_text("now a file")
+    (upper / "was_file").mkdir()
+    (upper / "was_file" / "g").write_text("now a directory")
+    announced: list[int] = []
+    assert overlay.commit(str(upper), str(real), 1 << 30, tally, announce=lambda: announced.append(1)) is None
+    assert announced == [1]
+    assert (real / "was_dir").read_text() == "now a file" and (real / "was_file" / "g").read_text() == "now a directory"
+    assert not list(real.rglob(f"{overlay.TEMP}*")) and not Path(f"{tally}.journal").exists()
+
+
+def test_nothing_to_apply_is_not_announced(layers: tuple[Path, Path, str]) -> None:
+    upper, real, tally = layers
+    announced: list[int] = []
+    assert overlay.commit(str(upper), str(real), 1 << 30, tally, announce=lambda: announced.append(1)) is None
+    assert announced == []
+
+
+def test_an_apply_past_its_time_applies_nothing(layers: tuple[Path, Path, str]) -> None:
+    upper, real, tally = layers
+    for i in range(50):
+        (upper / f"f{i}").write_text("x")
+    problem = overlay.commit(str(upper), str(real), 1 << 30, tally, within=0.0)
+    assert problem is not None and "applying them took more than 0 s" in problem
+    assert list(real.iterdir()) == []
+
+
+def _chain(top: Path, names: list[str]) -> None:
+    """Nest directories ``names`` under ``top`` from descriptors (the path may pass PATH_MAX)."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for name in names:
+        os.mkdir(name, dir_fd=fd)
+        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = sub
+    os.close(os.open("file", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+    os.close(fd)
+
+
+def _usage(path: Path, budget: int | None = None) -> int:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return overlay.tree_usage(fd, budget)
+    finally:
+        os.close(fd)
+
+
+def test_the_walk_measures_past_path_max_and_is_bounded_in_depth_and_work(tmp_path: Path) -> None:
+    long = tmp_path / "long"
+    long.mkdir()
+    _chain(long, ["x" * 250] * 20)  # 5,000 bytes of path
+    assert _usage(long) == 21 * overlay.BLOCK  # each directory (one block each on this filesystem) and the file
+
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    _chain(deep, ["d"] * (overlay.WALK_DEPTH + 30))
+    seen = _usage(deep) // overlay.BLOCK
+    assert seen == overlay.WALK_DEPTH + 1  # the levels it enters, and the first directory it does not
+
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    for i in range(200):
+        (wide / str(i)).touch()
+    assert _usage(wide, budget=10 * overlay.BLOCK) == 11 * overlay.BLOCK  # stopped once past the budget
+    assert _usage(wide) == 200 * overlay.BLOCK
+
+
+def test_the_calls_own_applying_notice_is_forwarded_as_a_malformed_message() -> None:
+    forged = framing.pack(Applying(seq=3).to_wire())
+    judged = overlay._as_the_calls(forged)
+    assert judged != forged and Applying.from_wire(overlay._decode(judged)) is None
+    with pytest.raises(ValueError):
+        Reply.from_wire(overlay._decode(judged))
+    reply = framing.pack(Reply(seq=3, ok=True, value="applying").to_wire())
+    assert overlay._as_the_calls(reply) is reply
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    top, workspace = redteam._workspace_dir()
+    tools = [*redteam.TOOLS, str(Path(__file__).parent / "tools" / "overlay_keeper.py")]
+    with mock.patch.object(redteam, "TOOLS", tools):
+        s = redteam._start(top, workspace, top / "run")
+    yield s
+    _stop(s)
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def test_a_call_that_sends_its_keepers_applying_notice_is_answered_malformed_and_changes_nothing(
+        served: Served) -> None:
+    result = served.call("forge_applying(name='forged')")
+    assert not result.ok and result.error is not None and result.error.kind == "crashed", result
+    assert "malformed message" in result.error.message
+    assert not (served.workspace / "forged").exists()
+    assert served.call("write(name='after', text='x')").ok and (served.workspace / "after").read_text() == "x"
