@@ -13,16 +13,21 @@ upper layer to the real workspace, or discards it:
 * applied only if the worker answered the call: a reply to the request in flight reached the
   keeper. A call that timed out, crashed or was killed (memory, output) before answering, or whose
   reply was malformed or too large, changes nothing;
-* before anything is applied, the whole change set is checked: only regular files, directories,
-  symbolic links and the overlay's own deletion marks (whiteouts, opaque directories) are taken,
-  nested at most ``MAX_DEPTH`` deep, and the workspace's size afterwards (``usage``) must stay
-  within the quota (or not grow). Otherwise nothing is applied and the call's result becomes an
-  ``output_limit`` error saying why;
+* before anything is applied, the whole change set is checked (``_Plan``): only regular files,
+  directories, symbolic links and the overlay's own deletion marks (whiteouts, opaque directories)
+  are taken, nested at most ``MAX_DEPTH`` deep, and the workspace's size afterwards (``usage``,
+  directories at what they can take on the host) must stay within the quota (or not grow).
+  Otherwise nothing is applied and the call's result becomes an ``output_limit`` error saying why;
 * files are copied (never moved or linked: the upper layer is the tool's), each written to an
-  unnamed file (``O_TMPFILE``) and renamed into place whole, owned by the workspace's owner, without
-  set-ID bits; symbolic links are made as links and never followed; every file is opened from a
-  directory descriptor with ``O_NOFOLLOW``, and sizing enters only what ``lstat`` shows is a
-  directory;
+  unnamed file (``O_TMPFILE``) and linked in whole, owned by the workspace's owner, without set-ID
+  bits; symbolic links are made as links and never followed; every file is opened from a directory
+  descriptor with ``O_NOFOLLOW``, and walks enter only what ``lstat`` shows is a directory, from
+  descriptors (no path string, so no ``PATH_MAX``), at most ``WALK_DEPTH`` deep;
+* the apply is staged (``_Stage``): copied under temporary names first, then put in place by
+  renames only, so a keeper killed before its last step leaves only temporaries (which the next
+  apply removes) and one killed in it the renames done so far; before it starts, the keeper sends
+  the supervisor ``Applying``, which gives the call ``APPLY_GRACE`` more, so its deadline does not
+  land in the apply;
 * appliers of concurrent calls take turns (``flock`` on the workspace directory).
 
 The keeper holds the call's reply until no process of the call can run any more (the sandboxed
