@@ -76,6 +76,18 @@ def deep_long(depth: int, length: int) -> str:
 
 
 @tool
+def deep_write(depth: int, length: int, text: str) -> str:
+    """Write a file named f at the bottom of ``deep_long``'s directories (entered one step at a time),
+    so that the apply goes through every one of them."""
+    os.chdir(str(workspace()))
+    for _ in range(depth):
+        os.chdir("x" * length)
+    with open("f", "w") as f:
+        f.write(text)
+    return "written"
+
+
+@tool
 def remove_tree(name: str) -> str:
     """Delete the directory tree ``name`` (descriptor-based: any depth)."""
     return _outcome(lambda: shutil.rmtree(_path(name)))
@@ -194,6 +206,12 @@ def replace_with_symlink(name: str, target: str) -> str:
     shutil.rmtree(_path(name))
     os.symlink(target, _path(name))
     return "replaced"
+
+
+@tool
+def rename_onto(old: str, new: str) -> str:
+    """rename(2) ``old`` onto ``new`` (replacing it if the kernel lets it)."""
+    return _outcome(lambda: os.rename(_path(old), _path(new)))
 
 
 @tool
