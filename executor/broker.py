@@ -609,10 +609,17 @@ class Broker:
             self._send_job(job, member)
 
     def _conflict(self, ready: Ready, previous: Member | None) -> str:
-        others = [m for m in self.members.values() if m is not previous]
+        """Why ``ready`` may not join (a tool another executor serves differently), or "". Each name
+        is looked up once, not searched for in every executor's list: an announcement of tens of
+        thousands of tools costs linear time, not quadratic (a stall of the whole broker)."""
+        served: dict[str, tuple[Member, ToolSpec]] = {}  # name -> the first other executor serving it
+        for m in self.members.values():
+            if m is not previous:
+                for t in m.ready.tools:
+                    served.setdefault(t.name, (m, t))
         for spec in ready.tools:
-            owner = next((m for m in others if spec.name in m.tool_names), None)
-            if owner is not None and owner.ready.tools and _spec_of(owner, spec.name) != spec:
+            owner, theirs = served.get(spec.name, (None, None))
+            if owner is not None and theirs != spec:
                 return (f"its tool {spec.name!r} differs from the one executor {owner.id} serves "
                         "(signature, documentation or flags); one pool serves one version of each tool")
         return ""
@@ -722,10 +729,6 @@ class Broker:
                       busy=sum(e.busy for e in executors), queued=len(self.waiting), served=self.stats.served,
                       worker_restarts=sum(e.worker_restarts for e in executors), executors=executors,
                       tools=self.stats.tool_stats())
-
-
-def _spec_of(member: Member, name: str) -> ToolSpec | None:
-    return next((t for t in member.ready.tools if t.name == name), None)
 
 
 def _encode(msg: Any) -> list[bytes]:

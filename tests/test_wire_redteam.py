@@ -457,3 +457,42 @@ def test_a_client_pushing_large_calls_cannot_fill_the_executors_memory(
     finally:
         sock.close(0)
         ctx.term()
+
+
+def test_an_executor_announcing_thousands_of_tools_does_not_stall_the_broker(tmp_path: Path) -> None:
+    """Attack (a hostile executor on the broker's backend): two executors each announce the same
+    12,000 tools (a ``ready`` of 300 KB, well within the budget). Checking the second against the
+    first compared each tool with a linear search of the other's tools: quadratic, so the broker's
+    loop stalled for 10-20 s (15,000 tools: 21.8 s, answering no client meanwhile), and again at
+    every re-announcement. Now a client's ``status`` is answered within a few seconds."""
+    from protocol import Limits, Ready, Report, Status, ToolSpec
+    from tests.pool import Pool
+
+    pool = Pool(tmp_path)
+    ctx = zmq.Context()
+    try:
+        pool.start_broker()
+        tools = [ToolSpec(name=f"t{i}", signature="()") for i in range(12_000)]
+        fakes = []
+        for _ in range(2):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(pool.backend)
+            fakes.append(sock)
+        client = ctx.socket(zmq.DEALER)
+        client.setsockopt(zmq.LINGER, 0)
+        client.connect(pool.frontend)
+        client.send_multipart(encode(Status()))
+        assert client.poll(30_000), "the broker does not answer status"
+        client.recv_multipart()
+        for k, sock in enumerate(fakes):
+            sock.send_multipart(encode(Ready(executor=f"evil-{k}", incarnation=1, tools=tools, limits=Limits())))
+        time.sleep(0.5)  # both announcements are on the broker's socket
+        started = time.monotonic()
+        client.send_multipart(encode(Status()))
+        assert client.poll(5_000), f"the broker stalled: still silent after {time.monotonic() - started:.1f} s"
+        report = decode(client.recv_multipart())
+        assert isinstance(report, Report) and len(report.executors) == 2, report
+    finally:
+        ctx.destroy(0)
+        pool.stop()
