@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from executor.fairqueue import FairQueue
 from protocol import Call, Limits, Result
 
 RESULT_CACHE_BYTES = 128 * 1024 * 1024  # encoded results kept to answer resent ids
@@ -53,6 +54,23 @@ class Job:
     stderr: bytearray = field(default_factory=bytearray)
     outcome: Result | None = None  # decided by the supervisor (timeout, cancel, output cap)
 
+    # what the queue (``executor.fairqueue``) sees of a call
+    @property
+    def client(self) -> bytes:
+        return self.waiters[0]  # who sent it first: its turn in the queue is that client's
+
+    @property
+    def queued_at(self) -> float:
+        return self.arrived
+
+    @property
+    def timeout(self) -> float:
+        return self.limits.timeout_s
+
+    @property
+    def nbytes(self) -> int:
+        return self.size
+
 
 @dataclass
 class Seen:
@@ -69,6 +87,10 @@ class _Cached:
     frames: list[bytes]
     owner: bytes
     size: int
+
+
+def _any_worker(job: Job) -> bool:
+    return True  # any of the executor's workers runs any of its tools
 
 
 def fingerprint(call: Call) -> tuple[int, int]:
@@ -188,8 +210,7 @@ class CallTable:
         self.max_wait = max_wait
         self.ran = AtMostOnce(cache_bytes=cache_bytes, max_executed=max_executed, executed_ttl=executed_ttl)
         self.jobs: dict[str, Job] = {}
-        self.queue: collections.deque[Job] = collections.deque()
-        self.queued_bytes = 0
+        self.queue: FairQueue[Job] = FairQueue()  # one line per client, served in turn
         self.expired: list[tuple[Job, Result]] = []  # left the queue unrun; the supervisor answers them
         self.next_expiry = math.inf  # no queued call runs out of its wait before this (a lower bound)
 
@@ -223,16 +244,15 @@ class CallTable:
         if len(self.queue) >= self.max_queue:
             return Result.failure(job.call_id, "unavailable",
                                   f"the executor's queue is full ({self.max_queue} calls); it did not run")
-        if self.queued_bytes + job.size > self.max_queue_bytes:
+        if self.queue.bytes + job.size > self.max_queue_bytes:
             return Result.failure(
                 job.call_id, "unavailable",
-                f"the executor's queue is full ({self.queued_bytes // 1024**2} MiB queued, "
+                f"the executor's queue is full ({self.queue.bytes // 1024**2} MiB queued, "
                 f"{job.size // 1024**2} MiB more would pass its {self.max_queue_bytes // 1024**2} MiB); it did not run")
         job.arrived = now
         self.jobs[job.call_id] = job
-        self.queue.append(job)
+        self.queue.push(job)
         self.next_expiry = min(self.next_expiry, job.arrived + self.queue_wait_bound(job))
-        self.queued_bytes += job.size
         self.ran.record(job.call_id, job.digest, now)
         return None
 
@@ -249,9 +269,8 @@ class CallTable:
         """The next call for a worker, with its timeout cut to what is left of it; calls that ran out
         of it while queued are set aside in ``expired`` instead."""
         now = time.monotonic()
-        while self.queue:
-            job = self.queue.popleft()
-            self.queued_bytes -= job.size
+        while (taken := self.queue.take(_any_worker)) is not None:
+            job = taken[0]
             waited = now - job.arrived
             if waited >= self.queue_wait_bound(job):
                 self._expire(job, waited)
@@ -271,7 +290,6 @@ class CallTable:
             left = job.arrived + self.queue_wait_bound(job) - now
             if left <= 0:
                 self.queue.remove(job)
-                self.queued_bytes -= job.size
                 self._expire(job, now - job.arrived)
             else:
                 due = min(due, left)
@@ -302,17 +320,12 @@ class CallTable:
         job.arrived, job.outcome = now, None
         job.stdout.clear()
         job.stderr.clear()
-        self.queue.appendleft(job)
-        self.queued_bytes += job.size
+        self.queue.push(job, first=True)
         self.next_expiry = min(self.next_expiry, job.arrived + self.queue_wait_bound(job))
 
     def unqueue(self, job: Job) -> bool:
         """Take a job out of the queue (cancelled before it started); False if it is not queued."""
-        if job in self.queue:
-            self.queue.remove(job)
-            self.queued_bytes -= job.size
-            return True
-        return False
+        return self.queue.remove(job)
 
     # ---------------------------------------------------------------- answers
 

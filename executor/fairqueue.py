@@ -17,10 +17,17 @@ from typing import Generic, Protocol, TypeVar
 
 
 class Queued(Protocol):
-    client: bytes  # whose call it is: the fairness key
-    queued_at: float
-    timeout: float  # how long it may wait here
-    nbytes: int  # its encoded size
+    @property
+    def client(self) -> bytes: ...  # whose call it is: the fairness key
+
+    @property
+    def queued_at(self) -> float: ...
+
+    @property
+    def timeout(self) -> float: ...  # how long it may wait here
+
+    @property
+    def nbytes(self) -> int: ...  # its encoded size
 
 
 J = TypeVar("J", bound=Queued)
