@@ -228,13 +228,13 @@ def test_a_refused_connection_mid_run_names_the_url_quickly() -> None:
     assert "http://127.0.0.1:9/v1" in text and "Could not connect" in text and "HTTP 500" not in text
 
 
-def test_retries_are_reported_as_events(make_client: Callable[..., Any]) -> None:
+def test_retries_are_reported_as_events(make_client: Callable[..., Any], workspace: Path) -> None:
     from llm_stub import StubError
 
     from controller.ciayn import CiaynAgent
     from controller.models import LiteLLMModel, ModelConfig
 
-    client = make_client(tools=[CIAYN_TOOLS])
+    client = make_client(tools=[CIAYN_TOOLS], workspace=workspace)  # its tools log their calls there
     with LLMStub([StubError(503, "busy"), DONE]) as stub:
         config = ModelConfig(model="openai/stub", api_base=stub.api_base, retry_base_s=0.01)
         events = list(CiaynAgent(LiteLLMModel(config), client).stream("x"))
