@@ -239,21 +239,22 @@ def test_a_tree_deeper_than_path_max_does_not_block_the_workspaces_measure(ws: S
     _ok(ws.call("write(name='b', megabytes=5)"))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (in the fix 5223176): the apply's journal (<tally>.journal, on the executor's 64 KiB tally "
-    "tmpfs) holds one line per host directory the change set enters, each the directory's whole path in "
-    "hex: a write at the bottom of 20 nested 250-byte directories makes a 210 KB journal. _write_journal "
-    "fails with ENOSPC, outside commit's try (answered output_limit 'could not be applied: [Errno 28] No "
-    "space left on device'), and leaves its partial temporary file (<tally>.journal.<pid>) filling the "
-    "tmpfs: from then on every call that writes anything is refused the same way, for the executor's "
-    "lifetime. Reproduce: deep_long(depth=20, length=250); deep_write(depth=20, length=250, text='x'); "
-    "then write(name='plain', text='x') -> output_limit ENOSPC (and every write after)"))
 def test_a_deep_change_set_does_not_stop_every_later_call_writing() -> None:
+    """Was a hole of 5223176 (fixed in the work tree's rewrite of overlay.py after it: the journal holds
+    the token only, written in place), kept as its regression test: the apply's journal
+    (<tally>.journal, on the executor's 64 KiB tally tmpfs) holds one line per host directory the change
+    set enters, each the directory's whole path in hex: a write at the bottom of 20 nested 250-byte
+    directories makes a 210 KB journal. _write_journal fails with ENOSPC, outside commit's try (answered
+    output_limit 'could not be applied: [Errno 28] No space left on device'), and leaves its partial
+    temporary file (<tally>.journal.<pid>) filling the tmpfs: from then on every call that writes
+    anything is refused the same way, for the executor's lifetime. Reproduce: deep_long(depth=20,
+    length=250); deep_write(depth=20, length=250, text='x'); then write(name='plain', text='x') ->
+    output_limit ENOSPC (and every write after)"""
     top, workspace = _workspace_dir()
     s = _start(top, workspace, top / "run")  # its own: the hole leaves its executor unable to write
     try:
         assert _ok(s.call(f"deep_long(depth=20, length={LONG})")) == "nested 20"
-        s.call(f"deep_write(depth=20, length={LONG}, text='at the bottom')")
+        assert _ok(s.call(f"deep_write(depth=20, length={LONG}, text='at the bottom')")) == "written"
         assert _ok(s.call("write(name='plain', text='x')")) == 1
         assert (workspace / "plain").read_text() == "x"
     finally:
@@ -350,6 +351,34 @@ def test_a_nested_socket_directory_stays_hidden_and_nothing_is_left_after_the_ex
     assert not [p for p in workspace.rglob(".ciayn-apply-*")]
     assert not (workspace / "held").exists() and not (workspace / "late").exists()
     shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "HOLE (README names it as a limitation since 24b3fa8): an executor stopped gracefully (SIGTERM) "
+    "while a keeper applies kills the keeper, and the workspace keeps part of a call that was never "
+    "answered: with 5223176, '.ciayn-apply-<token>-N' temporaries (the journal that lets the next apply "
+    "remove them lives on the executor's own tmpfs and goes with it, so no executor ever removes them; "
+    "they count against the quota); with the rewrite after it (trash directory at the root), the "
+    "'.ciayn-apply-<token>' trash directory with 1 to 29 staged copies in it in three runs here (the "
+    "journal naming it still dies with the executor). Reproduce: "
+    "long_names(directory='big', count=1800, length=200), and SIGTERM the executor as soon as 'big' or "
+    "a '.ciayn-apply-' name shows in the host's workspace"))
+def test_an_executor_stopped_during_an_apply_leaves_all_or_nothing_of_it() -> None:
+    top, workspace = _workspace_dir()
+    s = _start(top, workspace, top / "run")
+    try:
+        s.client.submit(Call(tool="long_names", kwargs={"directory": "big", "count": 1800, "length": 200}))
+        deadline = time.monotonic() + 15
+        while not os.listdir(workspace):  # the apply has begun: it shows on the host
+            assert time.monotonic() < deadline, "no apply was seen"
+            time.sleep(0.0005)
+    finally:
+        _stop(s)
+    try:
+        left = {p.name: len(list(p.iterdir())) if p.is_dir() else 0 for p in workspace.iterdir()}
+        assert left in ({}, {"big": 1800}), left
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def _assert_nothing_left(top: Path, before: dict[str, list[str]], processes: list[psutil.Process],
