@@ -232,11 +232,13 @@ class RouterEndpoint:
 
     def _bound_total(self) -> None:
         """All clients together hold more than ``total_limit``: drop the heaviest until they do not
-        (counting what ZeroMQ holds for a disconnected client as freed: it is, once ZeroMQ notices)."""
+        (counting what ZeroMQ holds for a disconnected client as freed: it is, once ZeroMQ notices;
+        so a client that reads is never dropped for bytes another one's closed connection held)."""
         for route in list(self.in_pipe):
             self._pipe_has_room(route, 0)
-        excess = self.held_total - self.total_limit
         candidates = set(self.outboxes) | {r for r in self.in_pipe if r in self.connections}
+        releasing = sum(self.pipe_bytes[r] for r in self.in_pipe if r not in candidates)
+        excess = self.held_total - releasing - self.total_limit
         for route in sorted(candidates, key=lambda r: self.outbox_bytes.get(r, 0) + self.pipe_bytes.get(r, 0),
                             reverse=True):
             if excess <= 0:
