@@ -125,6 +125,26 @@ def test_a_large_host_directory_cannot_be_written_into_past_the_quota(ws: Served
     assert ws.usage() <= QUOTA_MB << 20, f"the workspace holds {ws.usage() / 2**20:.2f} MB"
 
 
+def test_many_calls_at_once_cannot_pass_the_quota_together(ws: Served) -> None:
+    """Six calls of 3 MiB each queued on two workers: their appliers take turns, each sees the ones
+    before, so at most two fit in the 8 MB quota."""
+    futures = [ws.client.submit(Call(tool="write", kwargs={"name": f"many{i}", "megabytes": 3})) for i in range(6)]
+    results = [f.result(timeout=60) for f in futures]
+    assert sum(r.ok for r in results) == 2, [r.error for r in results]
+    assert all(r.error.kind == "output_limit" for r in results if r.error is not None)
+    assert len(list(ws.workspace.iterdir())) == 2 and ws.usage() <= QUOTA_MB << 20
+
+
+def test_truncating_a_host_file_to_a_huge_size_counts_it_in_full(ws: Served) -> None:
+    (ws.workspace / "grown").write_bytes(b"g" * (1 << 20))
+    os.chown(ws.workspace / "grown", OWNER, OWNER)
+    result = ws.call("truncate_to(name='grown', megabytes=64)")  # done in the call: a 63 MiB hole
+    assert not result.ok and result.error is not None and result.error.kind == "output_limit", result
+    assert (ws.workspace / "grown").stat().st_size == 1 << 20
+    assert _ok(ws.call("truncate_to(name='grown', megabytes=0)")) == "done"  # shrinking always passes
+    assert (ws.workspace / "grown").stat().st_size == 0
+
+
 def test_preallocated_space_and_xattrs_do_not_reach_the_host(ws: Served) -> None:
     """fallocate(KEEP_SIZE) past the end and user xattrs take room in the call's layer but not in its
     size: the apply copies the file's bytes only."""

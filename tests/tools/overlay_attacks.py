@@ -62,6 +62,12 @@ def put(name: str, kilobytes: int) -> int:
 
 
 @tool
+def truncate_to(name: str, megabytes: int) -> str:
+    """Set ``name``'s size to ``megabytes`` MiB with truncate(2): a hole, not data."""
+    return _outcome(lambda: os.truncate(_path(name), megabytes << 20))
+
+
+@tool
 def deep_long(depth: int, length: int) -> str:
     """Nest ``depth`` directories whose names are ``length`` bytes long, from the workspace's root
     (relative steps: the tool itself never needs the whole path)."""
