@@ -35,9 +35,11 @@ CIAYN_TOOLS = str(TESTS / "tools" / "ciayn_tools.py")  # agent-loop tools: side 
 EXCLUSIVE_GROUPS = {
     # each starts the embedded model's llama.cpp server: two at once on two cores starve each other
     "embedded-model": ("test_demo.py", "test_local_model.py", "test_local_e2e.py"),
-    # the first two check that a hardened executor left no mount on the host (a before/after diff of
-    # /proc/self/mountinfo); the third mounts named network namespaces (ip netns) on the host
-    "host-mounts": ("test_hardened.py", "test_hardened_quota.py", "test_broker_netns.py", "test_overlay_apply.py"),
+    # the hardened ones check that an executor left nothing on the host by diffing the host's mounts,
+    # /dev/shm or the overlay applier's names in /tmp before and after it (one another's executors
+    # would show up); the netns test mounts named network namespaces on the host meanwhile
+    "host-mounts": ("test_hardened.py", "test_hardened_quota.py", "test_broker_netns.py", "test_overlay_apply.py",
+                    "test_overlay_redteam.py"),
 }
 # Units that take longest, started first so that no worker is left with one of them at the end while
 # the others idle. Only an order: a name missing here costs balance, never correctness.
