@@ -728,8 +728,12 @@ class Sandbox:
                     child.rmdir()
 
     def remove_groups(self) -> None:
-        """Remove every CPU group this executor made (at its exit; they are empty by then)."""
+        """At the executor's exit: remove every CPU group this executor made (they are empty by
+        then) and, with ``--workspace-rw``, what a keeper killed mid-apply by the stop left in the
+        workspace (``overlay.recover``)."""
         remove_cpu_groups(self.config.group_tag)
+        if self.keeper:
+            overlay.recover(os.path.realpath(self.config.workspace), self.root + overlay.TALLY + "/workspace-size")
 
     # ---------------------------------------------------------------- worker side
 

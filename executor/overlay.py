@@ -23,11 +23,11 @@ upper layer to the real workspace, or discards it:
   bits; symbolic links are made as links and never followed; every file is opened from a directory
   descriptor with ``O_NOFOLLOW``, and walks enter only what ``lstat`` shows is a directory, from
   descriptors (no path string, so no ``PATH_MAX``), at most ``WALK_DEPTH`` deep;
-* the apply is staged (``_Stage``): copied under temporary names first, then put in place by
-  renames only, so a keeper killed before its last step leaves only temporaries (which the next
-  apply removes) and one killed in it the renames done so far; before it starts, the keeper sends
-  the supervisor ``Applying``, which gives the call ``APPLY_GRACE`` more, so its deadline does not
-  land in the apply;
+* the apply is staged (``_Stage``): every file is copied (unnamed) first, then all is put in
+  place by metadata steps only (links, renames, mkdir), so a keeper killed before that leaves
+  nothing, and one killed in it the steps done so far and a trash directory (which the next apply
+  removes); before it starts, the keeper sends the supervisor ``Applying``, which gives the call
+  ``APPLY_GRACE`` more, so its deadline does not land in the apply;
 * appliers of concurrent calls take turns (``flock`` on the workspace directory).
 
 The keeper holds the call's reply until no process of the call can run any more (the sandboxed
@@ -50,6 +50,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import resource
 import select
 import shutil
 import signal
@@ -71,6 +72,8 @@ DEFAULT_QUOTA_MB = 1024
 MAX_DEPTH = 100  # directories nested deeper than this in one call's changes are refused (2 fds a level)
 WALK_DEPTH = MAX_DEPTH + 1  # levels a walk of the host's workspace enters (tree_usage): all a call can make
 TEMP = ".ciayn-apply-"  # an apply's temporary names start with this and its token
+JOURNAL_XATTR = "trusted.ciayn.apply"  # on the workspace's directory: the token of an apply under way
+TEMP_NAME = f"{TEMP}{'0' * 16}"  # an apply's trash directory, at the workspace's root (``_Stage``)
 APPLY_MARGIN = 10.0  # seconds of the supervisor's APPLY_GRACE kept for the renames and the reply
 LOCK_WAIT = 60.0  # seconds an applier waits for another call's apply to finish
 UPPER = "/.ciayn-upper"  # in the staged root: where the keeper mounts the call's tmpfs
@@ -207,14 +210,11 @@ class _Plan:
         self.delta = 0
         self.entries = 0
         self.walk_left = quota
-        self.dirs: list[tuple[str, ...]] = []  # the host's directories it changes: where temporaries go
 
     def directory(self, upper: int, real: int | None, size: int, depth: int, where: tuple[str, ...]) -> None:
         """``real``: the host's directory merged with ``upper`` (None: a new one); ``size``: its size."""
         if depth > MAX_DEPTH:
             raise Refused(f"directories nested more than {MAX_DEPTH} deep ({'/'.join(where)[:200]}...)")
-        if real is not None:
-            self.dirs.append(where)
         grows = 0
         for name in sorted(os.listdir(upper)):
             self.entries += 1
@@ -243,6 +243,8 @@ class _Plan:
             else:
                 raise Refused(f"the call made {'/'.join((*where, name))!r}, a {_kind(st.st_mode)}: only files, "
                               "directories and symbolic links can be written to the workspace")
+        if depth == 0:  # the apply's trash directory, for a while (``_Stage``)
+            grows += _dirent(TEMP_NAME)
         if real is None:  # made by the call: an empty directory is one block
             self.delta += _rounded(BLOCK + grows)
         elif grows:
@@ -263,130 +265,238 @@ class _Plan:
 
 
 class _Op(NamedTuple):
-    """One step of putting a staged change set in place, in a directory of the host's."""
+    """One step of putting a copied change set in place, in the directory ``where`` (below the
+    workspace's root, or with ``hidden`` below the trash directory, where new trees are built)."""
 
+    where: tuple[str, ...]
     name: str
-    kind: str  # "place" (``temp`` renamed over ``name``), "delete", "chmod" (a merged directory to ``mode``)
-    temp: str = ""
-    is_dir: bool = False
+    kind: str  # "file" (``fd`` or ``staged``), "link" (to ``target``), "mkdir", "dir" (``staged``), "chmod", "delete"
     mode: int = 0
+    fd: int = -1  # the file's copy, unnamed (O_TMPFILE)
+    staged: str = ""  # its name in the trash directory (a new tree; a file without O_TMPFILE or descriptors)
+    target: str = ""
+    hidden: bool = False
 
 
 class _Stage:
-    """Applies a planned change set in three steps, so that a keeper killed at any point leaves as
-    little as possible:
+    """Applies a planned change set in steps, so that a keeper killed at any point leaves as little
+    as possible:
 
-    1. ``directory``: everything new is copied into the host's workspace under temporary names
-       (``TEMP`` + this apply's token), each beside the name it will take; a directory the call
-       made is built whole under its temporary name. Nothing the workspace showed has changed.
-    2. ``put_in_place``: the renames (and a merged directory's new mode), one directory at a time;
-       what they replace or delete is renamed aside to temporary names. Only renames: milliseconds
-       for thousands of names.
-    3. ``empty_trash``: what was set aside is removed.
+    1. ``copy``: every file's bytes are copied to an unnamed file (``O_TMPFILE``) on the host's
+       filesystem, held open: a keeper killed here leaves nothing at all (the kernel frees them).
+       Where that is not possible (no ``O_TMPFILE``, or more files than ``fd_budget``), to a name in
+       the trash directory, ``TEMP`` + this apply's token at the workspace's root.
+    2. ``put_in_place``: first every directory the call made is built whole in the trash directory
+       (nothing the workspace shows changes); then, in the walk's order, each new tree is renamed
+       into place, each file linked in (an existing name replaced by a rename), each link made, each
+       deletion done by a rename into the trash. Metadata only: a rename or two per entry the
+       workspace's own directories gain, lose or replace. A keeper killed here leaves the steps done
+       so far (each entry whole) and the trash directory.
+    3. ``empty_trash``: the trash directory (what was replaced or deleted) is removed.
 
-    The token and the host's directories involved are written to a journal (beside the tally)
-    before step 1, so the next apply removes what a killed one left (``clean``)."""
+    The token is written to the journal (``_Journal``) before the trash directory is made, so what
+    a killed apply left is removed by the next apply, or when the executor exits (``recover``)."""
 
-    def __init__(self, owner: tuple[int, int], token: str) -> None:
-        self.owner, self.token = owner, token
+    def __init__(self, ws: int, owner: tuple[int, int], token: str, journal: _Journal, fd_budget: int) -> None:
+        self.ws, self.owner, self.token, self.journal = ws, owner, token, journal
+        self.fd_budget = fd_budget
+        self.hidden: list[_Op] = []  # step 2's first part: in the trash directory
+        self.ops: list[_Op] = []  # its second: in the workspace
+        self.files = 0
         self.count = 0
         self.placed = 0
-        self.ops: dict[tuple[str, ...], list[_Op]] = {}
-        self.trash: dict[tuple[str, ...], list[str]] = {}
+        self.trash_fd = -1
+
+    def close(self) -> None:
+        for op in (*self.hidden, *self.ops):
+            if op.fd >= 0:
+                os.close(op.fd)
+        self.hidden.clear()
+        self.ops.clear()
+        if self.trash_fd >= 0:
+            os.close(self.trash_fd)
+            self.trash_fd = -1
+
+    def trash(self) -> int:
+        """The trash directory, made (after the journal that names it) when first needed."""
+        if self.trash_fd < 0:
+            self.journal.write(self.token)
+            os.mkdir(TEMP + self.token, 0o700, dir_fd=self.ws)
+            self.trash_fd = _open_dir(TEMP + self.token, self.ws)
+        return self.trash_fd
 
     def _temp(self) -> str:
         self.count += 1
-        return f"{TEMP}{self.token}-{self.count}"
+        return str(self.count)
 
-    def directory(self, upper: int, real: int, where: tuple[str, ...], fresh: bool) -> None:
-        """``fresh``: ``real`` was made by this apply (under a temporary name): entries go in under
-        their own names, and deletion marks mean nothing there."""
+    def _add(self, op: _Op) -> None:
+        (self.hidden if op.hidden else self.ops).append(op)
+
+    def copy(self, upper: int, real: int | None, where: tuple[str, ...], hidden: bool = False) -> None:
+        """Step 1 for the directory ``where`` (``real``: the host's, merged; None: made by the call,
+        then ``hidden``: built in the trash directory)."""
         for name in sorted(os.listdir(upper)):
             st = os.stat(name, dir_fd=upper, follow_symlinks=False)
+            old = _lstat(name, real)
             if _is_whiteout(st):
-                if not fresh and _lstat(name, real) is not None:
-                    self.ops.setdefault(where, []).append(_Op(name, "delete"))
+                if old is not None:
+                    self._add(_Op(where, name, "delete"))
                 continue
-            old = None if fresh else _lstat(name, real)
-            target = name if fresh else self._temp()
             mode = stat.S_IMODE(st.st_mode) & 0o777
-            if not stat.S_ISDIR(st.st_mode):
-                _copy(upper, real, name, st, target, self.owner)
-                if not fresh:
-                    self.ops.setdefault(where, []).append(_Op(name, "place", target))
+            if stat.S_ISLNK(st.st_mode):
+                self._add(_Op(where, name, "link", target=os.readlink(name, dir_fd=upper), hidden=hidden))
                 continue
-            merged = old is not None and stat.S_ISDIR(old.st_mode) and not _opaque(upper, name)
+            if stat.S_ISREG(st.st_mode):
+                self._add(self._copy_file(upper, real, name, st, where, hidden))
+                continue
+            # a directory (the plan refused every other kind)
+            merged = old is not None and real is not None and stat.S_ISDIR(old.st_mode) and not _opaque(upper, name)
             if merged:
                 assert old is not None
                 if stat.S_IMODE(old.st_mode) != stat.S_IMODE(st.st_mode):  # a host's set-group-ID bit stays
-                    self.ops.setdefault(where, []).append(_Op(name, "chmod", mode=mode))
-                sub_real = _open_dir(name, real)
-            else:
-                os.mkdir(target, 0o700, dir_fd=real)
-                sub_real = _open_dir(target, real)
-                os.fchown(sub_real, *self.owner)  # a directory of the host's keeps its owner
-                os.fchmod(sub_real, mode)
-                if not fresh:
-                    self.ops.setdefault(where, []).append(_Op(name, "place", target, is_dir=True))
+                    self._add(_Op(where, name, "chmod", mode))
+                inside = (*where, name)
+            elif hidden:
+                self._add(_Op(where, name, "mkdir", mode, hidden=True))
+                inside = (*where, name)
+            else:  # a new tree: built in the trash, then renamed into place
+                staged = self._temp()
+                self._add(_Op((), staged, "mkdir", mode, hidden=True))
+                self._add(_Op(where, name, "dir", staged=staged))
+                inside = (staged,)
             sub_upper = _open_dir(name, upper)
+            sub_real = _open_dir(name, real) if merged and real is not None else None
             try:
-                self.directory(sub_upper, sub_real, (*where, name), fresh or not merged)
+                self.copy(sub_upper, sub_real, inside, hidden or not merged)
             finally:
                 os.close(sub_upper)
-                os.close(sub_real)
+                if sub_real is not None:
+                    os.close(sub_real)
 
-    def put_in_place(self, ws: int) -> None:
-        """Step 2; ``placed`` counts the entries put in place (deleted, replaced, made)."""
-        for where, ops in self.ops.items():
-            fd = _open_path(ws, where)
-            try:
-                for op in ops:
-                    if op.kind == "chmod":
-                        sub = _open_dir(op.name, fd)
-                        try:
-                            os.fchmod(sub, op.mode)
-                        finally:
-                            os.close(sub)
-                        continue
-                    now = _lstat(op.name, fd)  # as it is now: the host may have changed it since the plan
-                    if now is not None and (op.kind == "delete" or op.is_dir or stat.S_ISDIR(now.st_mode)):
-                        aside = self._temp()  # a rename cannot replace a directory, or put one over a file
-                        os.rename(op.name, aside, src_dir_fd=fd, dst_dir_fd=fd)
-                        self.trash.setdefault(where, []).append(aside)
-                    if op.kind == "place":
-                        os.rename(op.temp, op.name, src_dir_fd=fd, dst_dir_fd=fd)
-                    self.placed += 1
-            finally:
-                os.close(fd)
-
-    def empty_trash(self, ws: int) -> None:
-        """Step 3."""
-        for where, names in self.trash.items():
-            fd = _open_path(ws, where)
-            try:
-                for name in names:
-                    old = _lstat(name, fd)
-                    if old is not None:
-                        _remove(fd, name, old)
-            finally:
-                os.close(fd)
-
-
-def clean(ws: int, token: str, dirs: list[tuple[str, ...]]) -> None:
-    """Remove every temporary name of the apply ``token`` from the host's directories ``dirs`` (those
-    it staged into): what a keeper killed mid-apply left. Directories gone meanwhile are skipped."""
-    prefix = f"{TEMP}{token}-"
-    for where in dirs:
+    def _copy_file(self, upper: int, real: int | None, name: str, st: os.stat_result,
+                   where: tuple[str, ...], hidden: bool) -> _Op:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=upper)
         try:
-            fd = _open_path(ws, where)
-        except OSError:
-            continue
-        try:
-            for name in os.listdir(fd):
-                if name.startswith(prefix) and (old := _lstat(name, fd)) is not None:
-                    _remove(fd, name, old)
+            dst, staged = -1, ""
+            if self.files < self.fd_budget:
+                try:  # on the filesystem of the nearest host directory: linkable into its place
+                    dst = os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600,
+                                  dir_fd=self.ws if real is None else real)
+                    self.files += 1
+                except OSError as e:
+                    if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.EMFILE):
+                        raise
+            if dst < 0:
+                staged = self._temp()
+                flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+                dst = os.open(staged, flags, 0o600, dir_fd=self.trash())
+            try:
+                offset = 0
+                while sent := os.sendfile(dst, src, offset, 1 << 30):
+                    offset += sent
+                os.fchown(dst, *self.owner)
+                os.fchmod(dst, stat.S_IMODE(st.st_mode) & 0o777)
+                os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+            except BaseException:
+                os.close(dst)
+                raise
+            if staged:
+                os.close(dst)
+                dst = -1
+            return _Op(where, name, "file", fd=dst, staged=staged, hidden=hidden)
         finally:
-            os.close(fd)
+            os.close(src)
+
+    def put_in_place(self) -> None:
+        """Step 2; ``placed`` counts the entries of the workspace put in place."""
+        self._run(self.hidden, self.trash())
+        self._run(self.ops, self.ws, count=True)
+
+    def _run(self, ops: list[_Op], top: int, count: bool = False) -> None:
+        path: list[int] = []  # descriptors of the directories from ``top`` down to the current one
+        names: tuple[str, ...] = ()
+        try:
+            for op in ops:
+                keep = 0
+                while keep < min(len(names), len(op.where)) and names[keep] == op.where[keep]:
+                    keep += 1
+                while len(path) > keep:
+                    os.close(path.pop())
+                for name in op.where[keep:]:
+                    path.append(_open_dir(name, path[-1] if path else top))
+                names = op.where
+                self._put(path[-1] if path else top, op)
+                self.placed += count
+        finally:
+            for fd in path:
+                os.close(fd)
+
+    def _put(self, fd: int, op: _Op) -> None:
+        if op.kind == "chmod":
+            sub = _open_dir(op.name, fd)
+            try:
+                os.fchmod(sub, op.mode)
+            finally:
+                os.close(sub)
+            return
+        now = None if op.hidden else _lstat(op.name, fd)  # as it is now: the host may have changed it
+        if now is not None and (op.kind in ("delete", "dir") or stat.S_ISDIR(now.st_mode)):
+            self._set_aside(fd, op.name, now)  # a rename cannot replace a directory, nor put one over a file
+            now = None
+        if op.kind == "mkdir":
+            os.mkdir(op.name, 0o700, dir_fd=fd)
+            sub = _open_dir(op.name, fd)
+            try:
+                os.fchown(sub, *self.owner)  # a directory of the host's keeps its owner
+                os.fchmod(sub, op.mode)
+            finally:
+                os.close(sub)
+            return
+        if op.kind == "delete":
+            return
+        if op.kind == "link" and op.hidden:
+            os.symlink(op.target, op.name, dir_fd=fd)
+            os.chown(op.name, *self.owner, dir_fd=fd, follow_symlinks=False)
+            return
+        if op.kind == "file" and not op.staged and (now is None or op.hidden):  # a new name: linked straight in
+            os.link(f"/proc/self/fd/{op.fd}", op.name, dst_dir_fd=fd, follow_symlinks=True)
+            return
+        staged = op.staged
+        if op.kind == "link":
+            staged = self._temp()
+            os.symlink(op.target, staged, dir_fd=self.trash())
+            os.chown(staged, *self.owner, dir_fd=self.trash(), follow_symlinks=False)
+        elif op.kind == "file" and not staged:  # replacing a name: linked in the trash, renamed over it (atomic)
+            staged = self._temp()
+            os.link(f"/proc/self/fd/{op.fd}", staged, dst_dir_fd=self.trash(), follow_symlinks=True)
+        os.rename(staged, op.name, src_dir_fd=self.trash(), dst_dir_fd=fd)
+
+    def _set_aside(self, fd: int, name: str, now: os.stat_result) -> None:
+        try:
+            os.rename(name, self._temp(), src_dir_fd=fd, dst_dir_fd=self.trash())
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
+            _remove(fd, name, now)  # on another filesystem (a mount inside the workspace): removed in place
+
+    def empty_trash(self) -> bool:
+        """Step 3; False if the trash could not all be removed (the journal then stays, so the next
+        apply tries again)."""
+        if self.trash_fd < 0:
+            return True
+        try:
+            _remove(self.ws, TEMP + self.token, os.fstat(self.trash_fd))
+        except (OSError, RecursionError):  # the host changed it, or a host's tree deeper than rmtree goes
+            return False
+        return True
+
+
+def clean(ws: int, token: str) -> None:
+    """Remove the trash directory of the apply ``token``: what a keeper killed mid-apply left."""
+    old = _lstat(TEMP + token, ws)
+    if old is not None and stat.S_ISDIR(old.st_mode):
+        with contextlib.suppress(OSError, RecursionError):  # never blocks an apply
+            _remove(ws, TEMP + token, old)
 
 
 def _opaque(upper: int, name: str) -> bool:
@@ -406,38 +516,6 @@ def _remove(real: int, name: str, old: os.stat_result) -> None:
         shutil.rmtree(name, dir_fd=real)  # descriptor-based: never follows a symbolic link, any path length
     else:
         os.unlink(name, dir_fd=real)
-
-
-def _copy(upper: int, real: int, name: str, st: os.stat_result, target: str, owner: tuple[int, int]) -> None:
-    """Copy one file or symbolic link of the upper layer to the new name ``target`` in the real
-    directory: a file is written unnamed (``O_TMPFILE``) and linked in whole, owned by ``owner``,
-    with its permission bits only (no set-ID); a link is made as a link."""
-    if stat.S_ISLNK(st.st_mode):
-        os.symlink(os.readlink(name, dir_fd=upper), target, dir_fd=real)
-        os.chown(target, *owner, dir_fd=real, follow_symlinks=False)
-        return
-    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=upper)
-    try:
-        try:  # unnamed until it is whole
-            dst, named = os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o600, dir_fd=real), False
-        except OSError as e:
-            if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
-                raise
-            flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC  # no O_TMPFILE here
-            dst, named = os.open(target, flags, 0o600, dir_fd=real), True
-        try:
-            offset = 0
-            while sent := os.sendfile(dst, src, offset, 1 << 30):
-                offset += sent
-            os.fchown(dst, *owner)
-            os.fchmod(dst, stat.S_IMODE(st.st_mode) & 0o777)
-            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-            if not named:
-                os.link(f"/proc/self/fd/{dst}", target, dst_dir_fd=real, follow_symlinks=True)
-        finally:
-            os.close(dst)
-    finally:
-        os.close(src)
 
 
 def _lock(fd: int, wait: float = LOCK_WAIT) -> None:
@@ -465,7 +543,7 @@ def commit(upper: str, workspace: str, quota: int, tally: str | None = None,
     calls, so that a call does not walk the whole workspace: measured by the first call that adds
     to it, then kept up to date by every change applied. A call the tally would refuse is measured
     afresh first (the host may have removed files meanwhile); what the host adds between calls is
-    not seen until then. Beside it, ``<tally>.journal`` names an apply under way (``_Stage``)."""
+    not seen until then. ``_Journal`` names an apply under way (``_Stage``)."""
     up = os.open(upper, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     ws = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -476,12 +554,10 @@ def commit(upper: str, workspace: str, quota: int, tally: str | None = None,
         until = None if within is None else time.monotonic() + within
         st = os.fstat(ws)
         owner = (st.st_uid, st.st_gid)
-        journal = None if tally is None else f"{tally}.journal"
+        journal = _Journal(ws, tally)
         try:
             _lock(ws, LOCK_WAIT if until is None else max(0.0, min(LOCK_WAIT, until - time.monotonic())))
-            if journal is not None and (left := _read_journal(journal)) is not None:
-                clean(ws, *left)  # what an apply killed midway left
-                os.unlink(journal)
+            journal.recover()  # what an apply killed midway left
             plan = _Plan(quota)
             plan.directory(up, ws, st.st_size, 0, ())
             before = _read_tally(tally)
@@ -496,26 +572,26 @@ def commit(upper: str, workspace: str, quota: int, tally: str | None = None,
             return f"the call's changes to the workspace were discarded: {e}"
         token = os.urandom(8).hex()
         _write_tally(tally, None)  # unknown while applying (a keeper killed meanwhile leaves none)
-        _write_journal(journal, token, plan.dirs)
-        stage = _Stage(owner, token)
+        stage = _Stage(ws, owner, token, journal, _fd_budget())
         try:
-            stage.directory(up, ws, (), fresh=False)
-            if until is not None and time.monotonic() > until:
-                raise Refused(f"applying them took more than {within:g} s")
-        except (OSError, Refused) as e:
-            clean(ws, token, plan.dirs)
-            _write_journal(journal, None, [])
-            why = e if isinstance(e, Refused) else f"they could not be copied to it ({e})"
-            return f"the call's changes to the workspace were discarded: {why}"
-        try:
-            stage.put_in_place(ws)
-        except OSError as e:  # the host changed the workspace under the apply
-            clean(ws, token, plan.dirs)
-            _write_journal(journal, None, [])
-            return (f"the call's changes to the workspace could not all be applied ({e}): "
-                    f"{stage.placed} of {sum(map(len, stage.ops.values()))} were put in place")
-        stage.empty_trash(ws)
-        _write_journal(journal, None, [])
+            try:
+                stage.copy(up, ws, ())
+                if until is not None and time.monotonic() > until:
+                    raise Refused(f"applying them took more than {within:g} s")
+                stage.trash()  # journal and trash directory before the first step in place
+            except (OSError, Refused) as e:
+                why = e if isinstance(e, Refused) else f"they could not be copied to it ({e})"
+                return f"the call's changes to the workspace were discarded: {why}"
+            try:
+                stage.put_in_place()
+            except OSError as e:  # the host changed the workspace under the apply
+                return (f"the call's changes to the workspace could not all be applied ({e}): "
+                        f"{stage.placed} of {len(stage.ops)} were put in place")
+        finally:
+            if stage.empty_trash():
+                with contextlib.suppress(OSError):  # the next apply finds nothing to remove then
+                    journal.write(None)
+            stage.close()
         if before is not None:
             _write_tally(tally, max(0, before + plan.delta))
         return None
@@ -524,29 +600,75 @@ def commit(upper: str, workspace: str, quota: int, tally: str | None = None,
         os.close(ws)
 
 
-def _read_journal(path: str) -> tuple[str, list[tuple[str, ...]]] | None:
-    try:
-        with open(path) as f:
-            token, *dirs = f.read().split("\n")
-    except (OSError, ValueError):
-        return None
-    return token, [tuple(os.fsdecode(n) for n in bytes.fromhex(d).split(b"/")) if d else () for d in dirs]
+def _fd_budget() -> int:
+    """How many copies step 1 holds open unnamed: half what this process may open (the rest are named)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(0, soft // 2 - MAX_DEPTH * 4)
 
 
-def _write_journal(path: str | None, token: str | None, dirs: list[tuple[str, ...]]) -> None:
-    """Names an apply under way: its token, then each host directory it stages into (its names,
-    fs-encoded, joined by '/', in hex). None: no apply is under way."""
-    if path is None:
-        return
-    if token is None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        return
-    lines = [token] + [b"/".join(os.fsencode(n) for n in where).hex() for where in dirs]
-    temp = f"{path}.{os.getpid()}"
-    with open(temp, "w") as f:
-        f.write("\n".join(lines))
-    os.rename(temp, path)
+class _Journal:
+    """Names the apply under way (its token, so its trash directory), None when none is: a trusted
+    extended attribute (``JOURNAL_XATTR``) of the workspace's directory, which only root reads or
+    writes (the tools have no capability) and which outlives the executor, so a trash left by a
+    keeper killed mid-apply is found by the next apply or executor; on a filesystem without trusted
+    attributes, a file beside the tally (gone with the executor). A constant size either way."""
+
+    def __init__(self, ws: int, tally: str | None) -> None:
+        self.ws, self.path = ws, None if tally is None else f"{tally}.journal"
+
+    def read(self) -> str | None:
+        try:
+            token = os.getxattr(self.ws, JOURNAL_XATTR).decode(errors="replace")
+        except OSError as e:
+            if e.errno not in (errno.ENOTSUP, errno.ENODATA) or self.path is None:
+                return None
+            try:
+                with open(self.path) as f:
+                    token = f.read().strip()
+            except OSError:
+                return None
+        return token if len(token) == 16 and all(c in "0123456789abcdef" for c in token) else None
+
+    def write(self, token: str | None) -> None:
+        try:
+            if token is None:
+                os.removexattr(self.ws, JOURNAL_XATTR)
+            else:
+                os.setxattr(self.ws, JOURNAL_XATTR, token.encode())
+            return
+        except OSError as e:
+            if token is None and e.errno == errno.ENODATA:
+                return
+            if e.errno != errno.ENOTSUP or self.path is None:
+                raise
+        if token is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+            return
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, token.encode())
+        finally:
+            os.close(fd)
+
+    def recover(self) -> None:
+        """Remove what the apply the journal names left (its trash directory); the caller holds the lock."""
+        token = self.read()
+        if token is not None:
+            clean(self.ws, token)
+            self.write(None)
+
+
+def recover(workspace: str, tally: str | None = None, wait: float = STOP_WAIT) -> None:
+    """At the executor's exit: once no keeper applies any more (the lock, ``wait`` at most), remove
+    what one killed mid-apply (a stop) left, so the workspace shows all or nothing of every call."""
+    with contextlib.suppress(OSError, Refused):
+        ws = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            _lock(ws, wait)
+            _Journal(ws, tally).recover()
+        finally:
+            os.close(ws)
 
 
 def _read_tally(path: str | None) -> int | None:

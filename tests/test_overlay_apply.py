@@ -30,14 +30,31 @@ def layers(tmp_path: Path) -> tuple[Path, Path, str]:
     return upper, real, str(private / "workspace-size")
 
 
+def _journal(real: Path) -> str | None:
+    fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return overlay._Journal(fd, None).read()
+    finally:
+        os.close(fd)
+
+
 def _visible(real: Path) -> dict[str, str]:
     return {p.name: "<dir>" if p.is_dir() else p.read_text() for p in real.iterdir()
             if not p.name.startswith(overlay.TEMP)}
 
 
-def test_a_keeper_killed_before_its_renames_changes_nothing_and_the_next_apply_clears_what_it_left(
-        layers: tuple[Path, Path, str]) -> None:
-    upper, real, tally = layers
+def _killed_keeper(upper: Path, real: Path, tally: str, step: str) -> None:
+    """Run ``commit`` in a child that SIGKILLs itself (as a cancel or a shutdown would) at ``step`` of
+    ``overlay._Stage``, with everything before it done."""
+    pid = os.fork()
+    if pid == 0:
+        with mock.patch.object(overlay._Stage, step, lambda *_: os.kill(os.getpid(), signal.SIGKILL)):
+            overlay.commit(str(upper), str(real), 1 << 30, tally)
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == signal.SIGKILL
+
+
+def _changes(upper: Path, real: Path) -> None:
     (real / "kept.txt").write_text("old")
     (real / "gone.txt").write_text("old")
     (real / "sub").mkdir()
@@ -48,23 +65,56 @@ def test_a_keeper_killed_before_its_renames_changes_nothing_and_the_next_apply_c
     (upper / "sub" / "deeper.txt").write_text("deeper")
     (upper / "newdir").mkdir()
     (upper / "newdir" / "inside.txt").write_text("inside")
-    pid = os.fork()
-    if pid == 0:  # a keeper SIGKILLed (a cancel, a shutdown) after its copy, before its first rename
-        with mock.patch.object(overlay._Stage, "put_in_place", lambda *_: os.kill(os.getpid(), signal.SIGKILL)):
-            overlay.commit(str(upper), str(real), 1 << 30, tally)
-        os._exit(0)
-    assert os.waitpid(pid, 0)[1] == signal.SIGKILL
-    assert _visible(real) == {"kept.txt": "old", "gone.txt": "old", "sub": "<dir>"}
-    assert [p.name for p in (real / "sub").iterdir() if not p.name.startswith(overlay.TEMP)] == []
-    left = [p for p in real.rglob(f"{overlay.TEMP}*")]
-    assert left and Path(f"{tally}.journal").exists()  # staged, named in the journal
+
+
+BEFORE = {"kept.txt": "old", "gone.txt": "old", "sub": "<dir>"}
+
+
+def test_a_keeper_killed_after_its_copy_leaves_nothing(layers: tuple[Path, Path, str]) -> None:
+    upper, real, tally = layers
+    _changes(upper, real)
+    _killed_keeper(upper, real, tally, "trash")  # every file copied, nothing in place yet
+    assert {p.name: "<dir>" if p.is_dir() else p.read_text() for p in real.iterdir()} == BEFORE
+    assert list((real / "sub").iterdir()) == [] and _journal(real) is None
+
+
+def test_a_keeper_killed_before_its_first_step_in_place_leaves_a_trash_the_next_apply_removes(
+        layers: tuple[Path, Path, str]) -> None:
+    upper, real, tally = layers
+    _changes(upper, real)
+    _killed_keeper(upper, real, tally, "put_in_place")
+    assert _visible(real) == BEFORE and list((real / "sub").iterdir()) == []
+    assert [p.name for p in real.iterdir() if p.name.startswith(overlay.TEMP)]  # named in the journal
+    assert _journal(real) is not None
 
     for p in upper.iterdir():  # the next call's changes
         shutil.rmtree(p) if p.is_dir() else p.unlink()
     (upper / "next.txt").write_text("next")
     assert overlay.commit(str(upper), str(real), 1 << 30, tally) is None
-    assert not list(real.rglob(f"{overlay.TEMP}*")) and not Path(f"{tally}.journal").exists()
-    assert _visible(real) == {"kept.txt": "old", "gone.txt": "old", "sub": "<dir>", "next.txt": "next"}
+    assert not list(real.rglob(f"{overlay.TEMP}*")) and _journal(real) is None
+    assert _visible(real) == {**BEFORE, "next.txt": "next"}
+
+
+def test_a_full_apply_replaces_and_deletes_and_leaves_nothing_else(layers: tuple[Path, Path, str]) -> None:
+    upper, real, tally = layers
+    _changes(upper, real)
+    assert overlay.commit(str(upper), str(real), 1 << 30, tally) is None
+    assert {p.name: "<dir>" if p.is_dir() else p.read_text() for p in real.iterdir()} == {
+        "kept.txt": "new", "added.txt": "added", "sub": "<dir>", "newdir": "<dir>"}
+    assert (real / "sub" / "deeper.txt").read_text() == "deeper"
+    assert (real / "newdir" / "inside.txt").read_text() == "inside"
+    assert _journal(real) is None
+
+
+def test_descriptors_running_short_stage_the_rest_by_name(layers: tuple[Path, Path, str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    upper, real, tally = layers
+    for i in range(30):
+        (upper / f"f{i}").write_text(str(i))
+    monkeypatch.setattr(overlay, "_fd_budget", lambda: 10)
+    assert overlay.commit(str(upper), str(real), 1 << 30, tally) is None
+    assert sorted(p.name for p in real.iterdir()) == sorted(f"f{i}" for i in range(30))
+    assert all((real / f"f{i}").read_text() == str(i) for i in range(30))
 
 
 def test_a_committed_apply_leaves_no_temporary_name_and_replaces_across_kinds(layers: tuple[Path, Path, str]) -> None:
@@ -79,7 +129,7 @@ def test_a_committed_apply_leaves_no_temporary_name_and_replaces_across_kinds(la
     assert overlay.commit(str(upper), str(real), 1 << 30, tally, announce=lambda: announced.append(1)) is None
     assert announced == [1]
     assert (real / "was_dir").read_text() == "now a file" and (real / "was_file" / "g").read_text() == "now a directory"
-    assert not list(real.rglob(f"{overlay.TEMP}*")) and not Path(f"{tally}.journal").exists()
+    assert not list(real.rglob(f"{overlay.TEMP}*")) and _journal(real) is None
 
 
 def test_nothing_to_apply_is_not_announced(layers: tuple[Path, Path, str]) -> None:
