@@ -373,17 +373,13 @@ def test_a_nested_socket_directory_stays_hidden_and_nothing_is_left_after_the_ex
     shutil.rmtree(top, ignore_errors=True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (README names it as a limitation since 24b3fa8): an executor stopped gracefully (SIGTERM) "
-    "while a keeper applies kills the keeper, and the workspace keeps part of a call that was never "
-    "answered: with 5223176, '.ciayn-apply-<token>-N' temporaries (the journal that lets the next apply "
-    "remove them lives on the executor's own tmpfs and goes with it, so no executor ever removes them; "
-    "they count against the quota); with the rewrite after it (trash directory at the root), the "
-    "'.ciayn-apply-<token>' trash directory with 1 to 29 staged copies in it in three runs here (the "
-    "journal naming it still dies with the executor). Reproduce: "
-    "long_names(directory='big', count=1800, length=200), and SIGTERM the executor as soon as 'big' or "
-    "a '.ciayn-apply-' name shows in the host's workspace"))
 def test_an_executor_stopped_during_an_apply_leaves_all_or_nothing_of_it() -> None:
+    """Was a hole (fixed by 0f54f17, kept as its regression test): an executor stopped gracefully
+    (SIGTERM) while a keeper applies kills the keeper, and the workspace kept part of a call that was
+    never answered ('.ciayn-apply-' temporaries whose journal died with the executor). Now the copies
+    are unnamed until the last metadata steps, and the executor removes the trash at exit. Reproduce:
+    long_names(directory='big', count=1800, length=200), and SIGTERM the executor as soon as 'big' or
+    a '.ciayn-apply-' name shows in the host's workspace"""
     top, workspace = _workspace_dir()
     s = _start(top, workspace, top / "run")
     try:
