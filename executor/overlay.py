@@ -23,11 +23,13 @@ upper layer to the real workspace, or discards it:
   bits; symbolic links are made as links and never followed; every file is opened from a directory
   descriptor with ``O_NOFOLLOW``, and walks enter only what ``lstat`` shows is a directory, from
   descriptors (no path string, so no ``PATH_MAX``), at most ``WALK_DEPTH`` deep;
-* the apply is staged (``_Stage``): every file is copied (unnamed) first, then all is put in
-  place by metadata steps only (links, renames, mkdir), so a keeper killed before that leaves
-  nothing, and one killed in it the steps done so far and a trash directory (which the next apply
-  removes); before it starts, the keeper sends the supervisor ``Applying``, which gives the call
-  ``APPLY_GRACE`` more, so its deadline does not land in the apply;
+* the apply is staged (``_Stage``): every file is copied (unnamed) first and every new tree built
+  in a trash directory, then the workspace is changed by metadata steps only (renames, links), so
+  a keeper killed before that leaves nothing the workspace shows, and one killed in it the steps
+  done so far; the trash directory is removed by the next apply or at the executor's exit
+  (``recover``, from the journal, ``_Journal``); before it starts, the keeper sends the supervisor
+  ``Applying``, which gives the call ``APPLY_GRACE`` more, so its deadline does not land in the
+  apply;
 * appliers of concurrent calls take turns (``flock`` on the workspace directory).
 
 The keeper holds the call's reply until no process of the call can run any more (the sandboxed
