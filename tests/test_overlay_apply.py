@@ -95,6 +95,19 @@ def test_a_keeper_killed_before_its_first_step_in_place_leaves_a_trash_the_next_
     assert _visible(real) == {**BEFORE, "next.txt": "next"}
 
 
+def test_the_executors_exit_removes_the_trash_of_an_apply_killed_in_its_last_steps(
+        layers: tuple[Path, Path, str]) -> None:
+    """A keeper SIGKILLed by a stop: the journal (an xattr of the workspace, which outlives the
+    executor) names its trash; ``recover`` (the executor's exit) removes it."""
+    upper, real, tally = layers
+    _changes(upper, real)
+    _killed_keeper(upper, real, tally, "put_in_place")
+    assert _journal(real) is not None
+    overlay.recover(str(real))
+    assert _journal(real) is None and not list(real.rglob(f"{overlay.TEMP}*"))
+    assert _visible(real) == BEFORE
+
+
 def test_a_full_apply_replaces_and_deletes_and_leaves_nothing_else(layers: tuple[Path, Path, str]) -> None:
     upper, real, tally = layers
     _changes(upper, real)
