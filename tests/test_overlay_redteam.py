@@ -307,6 +307,19 @@ def test_a_call_answered_timeout_changed_nothing_even_if_its_apply_was_under_way
     assert _ok(ws.call("listing()")) is not None  # and the executor still answers
 
 
+def test_a_call_cannot_forge_its_keepers_apply_notice_to_buy_time(ws: Served) -> None:
+    """``applying`` gives a call APPLY_GRACE (60 s) more; only a keeper may send it. A tool that sends
+    it on its channel (for every sequence number) is stopped at once and answered as malformed, and
+    what it wrote is not applied."""
+    started = time.monotonic()
+    result = ws.call("forge_applying(name='forged', seconds=30)", timeout=3)
+    assert time.monotonic() - started < 15
+    assert not result.ok and result.error is not None and result.error.kind == "crashed", result.error
+    assert "malformed" in result.error.message
+    assert not (ws.workspace / "forged").exists()
+    assert _ok(ws.call("listing()")) == []
+
+
 def test_a_call_holding_a_lock_on_the_workspace_does_not_stop_other_calls_applying(ws: Served) -> None:
     """The appliers take turns with flock on the real workspace; a tool's flock is on the overlay's
     directory, another inode."""

@@ -221,6 +221,25 @@ def rename_onto(old: str, new: str) -> str:
 
 
 @tool
+def forge_applying(name: str, seconds: float) -> str:
+    """Write ``name``, then send the keepers' own notice (``applying``: 60 s more for the call) on the
+    worker's channel for every sequence number a call may have, and stay ``seconds``."""
+    from executor import framing
+
+    with open(_path(name), "w") as f:
+        f.write("before the forged notice")
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        try:
+            if fd > 2 and stat.S_ISSOCK(os.fstat(fd).st_mode):
+                for seq in range(64):
+                    os.write(fd, framing.pack({"op": "applying", "seq": seq}))
+        except OSError:
+            continue
+    time.sleep(seconds)
+    return "forged"
+
+
+@tool
 def lock_workspace(seconds: float) -> str:
     """Hold an exclusive flock on the workspace's directory (the lock the keepers' appliers take
     turns with) for ``seconds``."""
