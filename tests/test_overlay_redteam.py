@@ -389,8 +389,11 @@ def test_a_nested_socket_directory_stays_hidden_and_nothing_is_left_after_the_ex
 def test_an_executor_stopped_during_an_apply_leaves_all_or_nothing_of_it() -> None:
     """Was a hole (fixed by 0f54f17, kept as its regression test): an executor stopped gracefully
     (SIGTERM) while a keeper applies kills the keeper, and the workspace kept part of a call that was
-    never answered ('.ciayn-apply-' temporaries whose journal died with the executor). Now the copies
-    are unnamed until the last metadata steps, and the executor removes the trash at exit. Reproduce:
+    never answered ('.ciayn-apply-' temporaries whose journal died with the executor). Now the journal
+    is a trusted xattr of the workspace (it outlives the executor) and the executor removes the trash
+    at exit. (The copies are not unnamed in practice: the keeper's descriptor limit is the call's
+    open_files, 256 by default, so overlay._fd_budget() is 0 and every copy is named in the trash:
+    1,798 names were seen there during one apply.) Reproduce:
     long_names(directory='big', count=1800, length=200), and SIGTERM the executor as soon as 'big' or
     a '.ciayn-apply-' name shows in the host's workspace"""
     top, workspace = _workspace_dir()
