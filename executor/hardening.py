@@ -342,6 +342,9 @@ def _apply_identity(sb: Sandbox) -> None:
     # The uid change cleared the effective and permitted sets; clear the inheritable one too.
     header, data = _CapHeader(0x20080522, 0), (_CapData * 2)()
     _check("capabilities", "capset", _libc.capset(ctypes.byref(header), data))
+    # It also cleared the parent-death signal (the kernel does on a uid change): set it again, or a
+    # call running when its keeper (or the template) is killed would run on, reparented to init.
+    _prctl("identity", "die with the parent again", PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 # Limits the executor does not set per call: clamped here (hard = soft) so no tool can lift them.
