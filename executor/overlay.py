@@ -211,12 +211,14 @@ class _Plan:
     def __init__(self, quota: int) -> None:
         self.delta = 0
         self.entries = 0
+        self.depth = 0  # how deep its directories go
         self.walk_left = quota
 
     def directory(self, upper: int, real: int | None, size: int, depth: int, where: tuple[str, ...]) -> None:
         """``real``: the host's directory merged with ``upper`` (None: a new one); ``size``: its size."""
         if depth > MAX_DEPTH:
             raise Refused(f"directories nested more than {MAX_DEPTH} deep ({'/'.join(where)[:200]}...)")
+        self.depth = max(self.depth, depth)
         grows = 0
         for name in sorted(os.listdir(upper)):
             self.entries += 1
@@ -574,7 +576,7 @@ def commit(upper: str, workspace: str, quota: int, tally: str | None = None,
             return f"the call's changes to the workspace were discarded: {e}"
         token = os.urandom(8).hex()
         _write_tally(tally, None)  # unknown while applying (a keeper killed meanwhile leaves none)
-        stage = _Stage(ws, owner, token, journal, _fd_budget())
+        stage = _Stage(ws, owner, token, journal, _fd_budget(plan.depth))
         try:
             try:
                 stage.copy(up, ws, ())
@@ -602,10 +604,12 @@ def commit(upper: str, workspace: str, quota: int, tally: str | None = None,
         os.close(ws)
 
 
-def _fd_budget() -> int:
-    """How many copies step 1 holds open unnamed: half what this process may open (the rest are named)."""
+def _fd_budget(depth: int) -> int:
+    """How many copies step 1 holds open unnamed (the rest are named in the trash directory): what
+    this process may open, less what its walks of a change set ``depth`` deep need at once (two a
+    level, and a few). The keeper's limit is the call's ``open_files`` (256 by default)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return max(0, soft // 2 - MAX_DEPTH * 4)
+    return max(0, soft - 2 * depth - 32)
 
 
 class _Journal:

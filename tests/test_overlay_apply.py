@@ -1,20 +1,20 @@
 """The keeper's apply step (``executor.overlay.commit``) as a transaction, beyond what the red team's
-tests (tests/test_overlay_redteam.py) reach: a keeper killed between its copy and its renames, the
-walk's bounds, the ``Applying`` notice (sent only when something is applied, never the call's own)."""
+tests (tests/test_overlay_redteam.py, against real executors) reach: a keeper killed at each step
+(after its copy, before its steps in place) and what the next apply or the executor's exit removes,
+copies unnamed within the default descriptor limit, the walk's bounds, the ``Applying`` notice (sent
+only when something is applied; the call's own forwarded as malformed)."""
 
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
 
 import pytest
-import test_overlay_redteam as redteam
-from test_hardened_quota import Served, _stop
 
 from executor import framing, overlay
 from executor.channel import Applying, Reply
@@ -124,7 +124,7 @@ def test_descriptors_running_short_stage_the_rest_by_name(layers: tuple[Path, Pa
     upper, real, tally = layers
     for i in range(30):
         (upper / f"f{i}").write_text(str(i))
-    monkeypatch.setattr(overlay, "_fd_budget", lambda: 10)
+    monkeypatch.setattr(overlay, "_fd_budget", lambda depth: 10)
     assert overlay.commit(str(upper), str(real), 1 << 30, tally) is None
     assert sorted(p.name for p in real.iterdir()) == sorted(f"f{i}" for i in range(30))
     assert all((real / f"f{i}").read_text() == str(i) for i in range(30))
@@ -143,6 +143,41 @@ def test_a_committed_apply_leaves_no_temporary_name_and_replaces_across_kinds(la
     assert announced == [1]
     assert (real / "was_dir").read_text() == "now a file" and (real / "was_file" / "g").read_text() == "now a directory"
     assert not list(real.rglob(f"{overlay.TEMP}*")) and _journal(real) is None
+
+
+def test_a_shallow_change_set_is_copied_unnamed_within_the_default_256_descriptors(
+        layers: tuple[Path, Path, str]) -> None:
+    """The keeper's descriptor limit is the call's (256 by default): a change set two levels deep
+    keeps 200 copies unnamed, so the trash (what a stop could leave) is made only after the copy."""
+    upper, real, tally = layers
+    (upper / "d").mkdir()
+    for i in range(200):
+        (upper / "d" / f"f{i}").write_text(str(i))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    made_during_copy: list[bool] = []
+    copying = [False]
+    real_copy, real_trash = overlay._Stage.copy, overlay._Stage.trash
+
+    def copy(self: overlay._Stage, *args: object, **kwargs: object) -> None:
+        top = not copying[0]
+        copying[0] = True
+        try:
+            real_copy(self, *args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            copying[0] = not top
+
+    def trash(self: overlay._Stage) -> int:
+        made_during_copy.append(copying[0])
+        return real_trash(self)
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        with mock.patch.object(overlay._Stage, "copy", copy), mock.patch.object(overlay._Stage, "trash", trash):
+            assert overlay.commit(str(upper), str(real), 1 << 30, tally) is None
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert made_during_copy and not any(made_during_copy)
+    assert len(list((real / "d").iterdir())) == 200
 
 
 def test_nothing_to_apply_is_not_announced(layers: tuple[Path, Path, str]) -> None:
@@ -209,23 +244,3 @@ def test_the_calls_own_applying_notice_is_forwarded_as_a_malformed_message() -> 
         Reply.from_wire(overlay._decode(judged))
     reply = framing.pack(Reply(seq=3, ok=True, value="applying").to_wire())
     assert overlay._as_the_calls(reply) is reply
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    top, workspace = redteam._workspace_dir()
-    tools = [*redteam.TOOLS, str(Path(__file__).parent / "tools" / "overlay_keeper.py")]
-    with mock.patch.object(redteam, "TOOLS", tools):
-        s = redteam._start(top, workspace, top / "run")
-    yield s
-    _stop(s)
-    shutil.rmtree(top, ignore_errors=True)
-
-
-def test_a_call_that_sends_its_keepers_applying_notice_is_answered_malformed_and_changes_nothing(
-        served: Served) -> None:
-    result = served.call("forge_applying(name='forged')")
-    assert not result.ok and result.error is not None and result.error.kind == "crashed", result
-    assert "malformed message" in result.error.message
-    assert not (served.workspace / "forged").exists()
-    assert served.call("write(name='after', text='x')").ok and (served.workspace / "after").read_text() == "x"
