@@ -108,6 +108,9 @@ class RouterEndpoint:
         self.in_pipe: dict[bytes, collections.deque[tuple[zmq.MessageTracker, int]]] = {}
         self.pipe_bytes: collections.Counter[bytes] = collections.Counter()
         self.held_total = 0
+        # Clients dropped for not reading: their answers are discarded (they stay in the result cache)
+        # until they speak again, instead of filling what their closed connection still holds.
+        self.dropped: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self.check_endpoint(endpoint, curve=bool(curve_secret), insecure=insecure)
         raise_open_files_limit()
         sock = ctx.socket(zmq.ROUTER)
@@ -161,6 +164,7 @@ class RouterEndpoint:
                 continue
             route, body = frames[0], frames[1:]
             self._note_connection(route, fd)
+            self.dropped.pop(route, None)
             try:
                 yield route, decode(body)
             except ProtocolError as e:
@@ -170,6 +174,9 @@ class RouterEndpoint:
         """Send now, or hold the frames for this client until its pipe has room (never dropped by a
         high-water mark). A client that is gone (no route) is not waited for: it resends its calls
         when it comes back, and they are answered from the result cache."""
+        if route in self.dropped:
+            log.debug("client %s was dropped for not reading; an answer for it was not sent", route.hex()[:8])
+            return
         size = sum(len(f) for f in frames)
         if route in self.outboxes or not self._pipe_has_room(route, size):
             self._hold(route, frames, size)
@@ -224,6 +231,9 @@ class RouterEndpoint:
         held = self.outboxes.pop(route, collections.deque())
         size = self.outbox_bytes.pop(route, 0)
         self.held_total -= size
+        self.dropped[route] = None
+        while len(self.dropped) > MAX_KNOWN_CONNECTIONS:
+            self.dropped.popitem(last=False)
         how = "disconnected it" if self._disconnect(route) else "it could not be disconnected"
         log.warning("client %s does not read its answers: dropped the %d held for it (%d KiB; with what ZeroMQ "
                     "holds for it, %d KiB, %s) and %s; results stay in the result cache for a resend",
