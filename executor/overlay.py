@@ -588,7 +588,7 @@ def commit(upper: str, workspace: str, quota: int, tally: str | None = None,
                 return f"the call's changes to the workspace were discarded: {why}"
             try:
                 stage.put_in_place()
-            except OSError as e:  # the host changed the workspace under the apply
+            except (OSError, RecursionError) as e:  # the host changed the workspace under the apply
                 return (f"the call's changes to the workspace could not all be applied ({e}): "
                         f"{stage.placed} of {len(stage.ops)} were put in place")
         finally:
