@@ -412,10 +412,12 @@ def test_a_nested_socket_directory_stays_hidden_and_nothing_is_left_after_the_ex
         assert processes
     finally:
         _stop(s)
-    _assert_nothing_left(top, before, processes)
-    assert not [p for p in workspace.rglob(".ciayn-apply-*")]
-    assert not (workspace / "held").exists() and not (workspace / "late").exists()
-    shutil.rmtree(top, ignore_errors=True)
+    try:
+        _assert_nothing_left(top, before, processes)
+        assert not [p for p in workspace.rglob(".ciayn-apply-*")]
+        assert not (workspace / "held").exists() and not (workspace / "late").exists()
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def test_an_executor_stopped_during_an_apply_leaves_all_or_nothing_of_it() -> None:
