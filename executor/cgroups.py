@@ -201,9 +201,10 @@ class CgroupSupport:
                         removed += 1
         return removed
 
-    def remove_named(self, name_prefix: str) -> None:
+    def remove_named(self, name_prefix: str, wait: float = EMPTY_WAIT) -> None:
         """Kill and remove every group whose name starts with ``name_prefix`` (an executor's own,
-        at its shutdown: a backstop for groups its template could not remove)."""
+        at its shutdown: a backstop for groups its template could not remove), waiting at most
+        ``wait`` for each to empty."""
         groups: dict[str, dict[str, Path]] = {}
         for attr in ("memory_parent", "pids_parent", "kill_parent"):
             parent = getattr(self, attr)
@@ -215,4 +216,4 @@ class CgroupSupport:
             group = Group(paths.get("memory_parent"), paths.get("pids_parent"),
                           kill if kill is not None and (kill / "cgroup.kill").exists() else None)
             group.kill_all()
-            group.remove()
+            group.remove(wait)

@@ -46,10 +46,12 @@ class _Message:
 
 @dataclass(frozen=True)
 class Spawn(_Message):
-    """Supervisor -> template: fork worker number ``worker``."""
+    """Supervisor -> template: fork worker number ``worker``; a fresh worker that will wait for its
+    call first ``rehearse``s the call path (``executor.worker.rehearse``)."""
 
     OP: ClassVar[str] = "spawn"
     worker: int
+    rehearse: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ def template_message(obj: Any) -> TemplateMessage:
         raise ChannelError("the message is not a map")
     op = obj.get("op")
     if op == Spawn.OP:
-        return Spawn(worker=_field(obj, "worker", int))
+        return Spawn(worker=_field(obj, "worker", int), rehearse=_field(obj, "rehearse", bool, False))
     if op == Sweep.OP:
         return Sweep()
     if op == ToolsLoaded.OP:

@@ -45,7 +45,14 @@ from executor.channel import (
     ToolsLoaded,
     template_message,
 )
-from executor.worker import PR_SET_CHILD_SUBREAPER, WorkerConfig, kill_children, reply_cap, template_main
+from executor.worker import (
+    PR_SET_CHILD_SUBREAPER,
+    SHUTDOWN_WAIT,
+    WorkerConfig,
+    kill_children,
+    reply_cap,
+    template_main,
+)
 from executor.worker import _prctl as worker_prctl
 from protocol import ErrorInfo, Result, Signal, Stats, ToolSpec, WorkerInfo
 
@@ -126,7 +133,6 @@ class WorkerPool:
         self.slots: dict[int, Slot] = {}  # live workers by id
         self.spawning: dict[int, float] = {}  # worker id -> when the template was asked for it
         self.retiring: dict[int, float] = {}  # pid -> when it answered its one call (it exits by itself)
-        self.releasing: list[socket.socket] = []  # their channels: closed when the pool is quiet, and then they exit
         self.abandoned: dict[int, str] = {}  # pid -> why: killed, but it did not die
         self.next_id = 0
         self.specs: dict[str, ToolSpec] = {}
@@ -186,7 +192,6 @@ class WorkerPool:
 
     def stop(self) -> None:
         self.stopping = True
-        self._release()
         for slot in list(self.slots.values()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(slot.pid, signal.SIGKILL)
@@ -200,7 +205,7 @@ class WorkerPool:
 
             support = CgroupSupport.detect()
             if support is not None:
-                support.remove_named(f"{self.executor_id}-")
+                support.remove_named(f"{self.executor_id}-", wait=SHUTDOWN_WAIT)
 
     def stop_template(self) -> None:
         if self.template is not None:
@@ -219,7 +224,7 @@ class WorkerPool:
             else:
                 self._kill_template()
             self.template_pid = 0
-        kill_children()  # as a subreaper we hold whatever the template's tree left behind
+        kill_children(wait=SHUTDOWN_WAIT)  # as a subreaper we hold whatever the template's tree left behind
 
     def _kill_template(self, wait: float = KILL_GRACE) -> None:
         """SIGKILL the template and reap it, waiting at most ``wait`` (one that SIGKILL cannot stop
@@ -258,7 +263,6 @@ class WorkerPool:
             self._close_slot(slot)
         self.spawning.clear()
         self.retiring.clear()
-        self._release()
         kill_children(wait=REPLACE_WAIT)  # the old template's orphans came to us (what SIGKILL cannot stop is left)
         self._remove_groups()
         self.template_restarts += 1
@@ -375,12 +379,14 @@ class WorkerPool:
             self.refill_at = min(self.refill_first + REFILL_MAX_DELAY, now + REFILL_QUIET)
             return
         self.refill_at = 0.0
-        self._release()
+        # A worker made while a call waits with none ready is needed at once: a rehearsal would only
+        # delay it. One made ahead (at start, or once the pool is quiet) takes its faults before its call.
+        rehearse = not self.config.reuse and not (self.queued() and not self.ready())
         for _ in range(missing):
             self.next_id += 1
             self.spawning[self.next_id] = time.monotonic()
             try:
-                framing.send(self.template, Spawn(worker=self.next_id).to_wire())
+                framing.send(self.template, Spawn(worker=self.next_id, rehearse=rehearse).to_wire())
             except OSError:
                 break  # the template is gone; its channel's EOF replaces it
 
@@ -632,17 +638,10 @@ class WorkerPool:
 
     def _retire(self, slot: Slot) -> None:
         """Forget a worker that is done (answered its one call, or was killed): its exit is expected
-        within ``RETIRE_GRACE``, else it is killed. A fresh worker that answered exits when its channel
-        is closed, which waits (with the refill) until the pool is quiet: its exit and the template's
-        clean-up after it then do not take the CPU the answer needs on its way to the client."""
+        within ``RETIRE_GRACE``, else it is killed."""
         self.retiring[slot.pid] = time.monotonic()
-        self._close_slot(slot, release_later=not self.config.reuse and not slot.killed)
+        self._close_slot(slot)
         self._refill(urgent=False)
-
-    def _release(self) -> None:
-        """Close the channels of fresh workers that answered: they exit on it."""
-        while self.releasing:
-            self.releasing.pop().close()
 
     def _abandon(self, slot: Slot, why: str) -> None:
         """Answer the call of a worker that will not die and forget the worker; its exit, if it ever
@@ -702,13 +701,10 @@ class WorkerPool:
         self._close_slot(slot)
         self.dispatch()
 
-    def _close_slot(self, slot: Slot, release_later: bool = False) -> None:
+    def _close_slot(self, slot: Slot) -> None:
         for fd in (slot.chan.fileno(), slot.out_fd, slot.err_fd):
             self._unregister(fd)
-        if release_later:
-            self.releasing.append(slot.chan)
-        else:
-            slot.chan.close()
+        slot.chan.close()
         for fd in (slot.out_fd, slot.err_fd):
             if fd >= 0:
                 with contextlib.suppress(OSError):

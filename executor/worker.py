@@ -132,6 +132,7 @@ def _has_children() -> bool:
 
 
 KILL_WAIT = 1.0  # seconds kill_children waits for what it killed to die
+SHUTDOWN_WAIT = 0.2  # ...and at shutdown, where the supervisor waits for its template only so long
 
 
 def kill_children(keep: frozenset[int] = frozenset(), wait: float = KILL_WAIT) -> int:
@@ -193,9 +194,11 @@ def template_main(chan: socket.socket, config: WorkerConfig) -> None:
     except BaseException:
         traceback.print_exc()
         code = 1
-    kill_children()  # the workers die with us (PDEATHSIG); what they left must not go to init
+    # The workers die with us (PDEATHSIG); what they left must not go to init. Quickly: what SIGKILL
+    # cannot stop now (frozen, uninterruptible) is the supervisor's, as a subreaper, once we are gone.
+    kill_children(wait=SHUTDOWN_WAIT)
     with contextlib.suppress(BaseException):
-        pool.remove_all()
+        pool.remove_all(wait=SHUTDOWN_WAIT)
     os._exit(code)
 
 
@@ -244,11 +247,11 @@ class _Workers:
         (reparented to us, the subreaper) and processes a tool started with ``CLONE_PARENT``."""
         kill_children(keep=frozenset(self.groups))
 
-    def remove_all(self) -> None:
+    def remove_all(self, wait: float = KILL_WAIT) -> None:
         for group in [*self.groups.values(), *self.dying]:
             if group is not None:
                 group.kill_all()
-                group.remove()
+                group.remove(wait)
         self.groups.clear()
         self.dying.clear()
 
@@ -277,7 +280,7 @@ def _template_loop(chan: socket.socket, tools: dict[str, Tool], pool: _Workers) 
             if isinstance(req, Spawn):
                 group = pool.new_group(req.worker)
                 try:
-                    pid = _spawn_worker(chan, req.worker, tools, pool.config, group)
+                    pid = _spawn_worker(chan, req.worker, tools, pool.config, group, rehearsal=req.rehearse)
                 except (BrokenPipeError, ConnectionResetError):  # the supervisor closed the channel: shutting down
                     if group is not None:
                         pool.dying.append(group)  # removed on the way out, with the worker it was made for
@@ -310,7 +313,7 @@ def _reap(chan: socket.socket, pool: _Workers) -> bool:
 
 
 def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], config: WorkerConfig,
-                  group: Group | None) -> int:
+                  group: Group | None, rehearsal: bool = False) -> int:
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -330,7 +333,7 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
                 sandbox.enter()  # namespaces, read-only view, no privileges, Landlock, seccomp
             else:  # as root: no tracing the executor's processes, no lifting hard limits
                 drop_capabilities(CAP_SYS_PTRACE, CAP_SYS_RESOURCE)
-            if not config.reuse:
+            if rehearsal and not config.reuse:
                 rehearse()
             worker_loop(child_end, tools, config)
         except BaseException:
@@ -393,21 +396,8 @@ def worker_loop(chan: socket.socket, tools: dict[str, Tool], config: WorkerConfi
             chan.sendall(data)
         except OSError:
             return
-        if not config.reuse:
-            _await_release(chan)
-            return
-        if replace:
-            return
-
-
-def _await_release(chan: socket.socket) -> None:
-    """A fresh worker that answered waits for the supervisor to close its channel before it exits:
-    the supervisor does so once the executor is quiet, so that this exit, and the template's clean-up
-    after it, do not compete with the answer on its way. If the supervisor never closes it, it kills
-    this worker (``RETIRE_GRACE``)."""
-    with contextlib.suppress(OSError):
-        while chan.recv(4096):
-            pass
+        if replace or not config.reuse:
+            return  # a fresh worker exits at once: threads a tool left stop with it, nothing runs on
 
 
 def _started(seq: int) -> bytes:

@@ -659,10 +659,8 @@ def test_a_forged_reply_never_answers_another_call(make_client: Callable[..., Ex
 def test_a_fresh_worker_exits_soon_after_its_answer_and_is_replaced(
     make_client: Callable[..., ExecutorClient], executor_pids: Callable[[ExecutorClient], list[int]]
 ) -> None:
-    """A fresh worker that answered waits for the executor to be quiet before it exits (its exit then
-    does not compete with the answer), but not longer: it is gone well before it would be killed for
-    lingering (RETIRE_GRACE), and its replacement is forked ahead, whether calls come apart or back to
-    back."""
+    """A fresh worker exits once it has answered, well before it would be killed for lingering
+    (RETIRE_GRACE), and its replacement is forked ahead, whether calls come apart or back to back."""
     from executor.pool import RETIRE_GRACE
 
     client = make_client(workers=2)
