@@ -38,6 +38,7 @@ import bench_callpath  # noqa: E402
 import bench_ciayn  # noqa: E402
 import bench_executors  # noqa: E402
 import bench_faults  # noqa: E402
+import bench_fresh  # noqa: E402
 import bench_layers  # noqa: E402
 import bench_memory  # noqa: E402
 import bench_pool  # noqa: E402
@@ -47,11 +48,23 @@ from bench_features import Features  # noqa: E402
 from bench_record import FAILED, failed, log, machine, measured, not_built  # noqa: E402
 from bench_sizes import FULL, TINY, Sizes  # noqa: E402
 
-FIGURES = ("ciayn_overhead", "round_trip", "call_path", "call_path_cuts", "recovery", "timeout_precision",
-           "pool_scaling", "memory", "hardened_layers", "broker_pool")
+FIGURES = ("ciayn_overhead", "round_trip", "fresh_workers", "call_path", "call_path_cuts", "recovery",
+           "timeout_precision", "pool_scaling", "memory", "hardened_layers", "broker_pool")
 
 
 BROKER_TITLE = "Broker overhead and scaling (scripts/bench_broker.py --quick)"
+FRESH_TITLE = "What a fresh worker per call costs (scripts/bench_fresh.py)"
+
+
+def fresh_workers(tiny: bool) -> dict[str, Any]:
+    """Issue 9's figures: fresh workers (the default) against --reuse-workers, interleaved, with
+    calls 20 ms apart (low load, the target's measure), back to back, and sustained."""
+    log("fresh workers: scripts/bench_fresh.py")
+    data = bench_fresh.run(size=(1, 3, 20) if tiny else (4, 30, 1000))
+    t = data.pop("targets")
+    targets = {"fresh_vs_reuse_workers_p50, calls 20 ms apart (issue 9)": t["fresh_vs_reuse_low_load_p50"],
+               "fresh_workers_calls_per_s, sustained (issue 9)": t["fresh_throughput"]}
+    return measured(title=FRESH_TITLE, targets=targets, **{k: v for k, v in data.items() if k != "machine"})
 
 
 def broker_pool(features: Features, tmp: str, tiny: bool) -> dict[str, Any]:
@@ -77,6 +90,7 @@ def figure_makers(features: Features, sizes: Sizes, tmp: str, out: Path) -> dict
     return {
         "ciayn_overhead": lambda: bench_ciayn.run(sizes.microbench_repeat, out),
         "round_trip": lambda: bench_roundtrip.run(features, sizes, tmp),
+        "fresh_workers": lambda: fresh_workers(sizes is TINY),
         "call_path": lambda: bench_callpath.run(features, sizes, tmp),
         "call_path_cuts": lambda: bench_callpath.cuts(features, sizes, tmp),
         "recovery": lambda: bench_faults.run_recovery(features, sizes),

@@ -69,8 +69,9 @@ def _throughput(client: ExecutorClient, total: int, in_flight: int = 100) -> flo
     return round(total / (time.perf_counter() - t), 1)
 
 
-def run(quick: bool = False) -> dict[str, Any]:
-    rounds, per_round, total = (2, 10, 100) if quick else (6, 40, 2000)
+def run(quick: bool = False, size: tuple[int, int, int] | None = None) -> dict[str, Any]:
+    """``size``: (interleaved rounds, calls per round and mode, calls for the throughput)."""
+    rounds, per_round, total = size or ((2, 10, 100) if quick else (6, 40, 2000))
     modes = {"fresh": {}, "reuse_workers": {"reuse_workers": True}}
     low: dict[str, list[float]] = {m: [] for m in modes}
     busy: dict[str, list[float]] = {m: [] for m in modes}

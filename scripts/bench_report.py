@@ -229,7 +229,8 @@ def markdown(results: dict[str, Any], images: str = "") -> str:
             met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
             lines.append(f"| {name} | {value} | {wanted} | {met} |")
         lines.append("")
-    for key, render in (("round_trip", _md_round_trip), ("call_path", _md_call_path), ("recovery", _md_recovery),
+    for key, render in (("round_trip", _md_round_trip), ("fresh_workers", _md_fresh), ("call_path", _md_call_path),
+                        ("recovery", _md_recovery),
                         ("call_path_cuts", _md_cuts), ("timeout_precision", _md_timeouts), ("pool_scaling", _md_pool),
                         ("ciayn_overhead", _md_ciayn), ("memory", _md_memory), ("hardened_layers", _md_layers),
                         ("broker_pool", _md_broker)):
@@ -269,6 +270,23 @@ def _md_round_trip(f: dict[str, Any]) -> list[str]:
                 f"{x(t['jupyter_vs_ours_dealer'])} our default (target at least 15x). An in-process call has no "
                 "isolation at all; a fresh `python -c` per call pays for a whole interpreter start every time.")
     return [f"**{f['title']}** ({f['method']})", "", *rows, "", sentence, ""]
+
+
+def _md_fresh(f: dict[str, Any]) -> list[str]:
+    rows = ["| no-op calls, --workers 2 | fresh workers (default) | --reuse-workers |", "|---|---|---|"]
+    for key, label in (("low_load_p50_us", f"p50, calls {f['pause_between_calls_s'] * 1000:.0f} ms apart"),
+                       ("back_to_back_p50_us", "p50, back to back")):
+        rows.append(f"| {label} | {_fmt_us(f[key]['fresh'])} | {_fmt_us(f[key]['reuse_workers'])} |")
+    tp, rss = f["throughput_calls_per_s"], f["supervisor_rss_mb"]
+    rows.append(f"| sustained, 100 in flight | {tp['fresh']:.0f} calls/s | {tp['reuse_workers']:.0f} calls/s |")
+    rows.append(f"| supervisor RSS after it all | {rss['fresh']:.0f} MB | {rss['reuse_workers']:.0f} MB |")
+    low = f["low_load_p50_us"]
+    sentence = (f"**What it means:** when calls come apart, as an agent's do, the worker forked ahead is ready and "
+                f"has rehearsed the call path, and a fresh worker costs {low['fresh'] / low['reuse_workers']:.2f}x "
+                "reusing one (target 1.2x). Back to back, or sustained, every call pays a fork, its set-up and an "
+                "exit: several ms of CPU on this machine, which caps the calls per second.")
+    return [f"**{f['title']}** ({f['samples_per_mode']} calls per mode, interleaved rounds; machine load "
+            f"{f['machine']['load_avg_1m']})", "", *rows, "", sentence, ""]
 
 
 def _md_call_path(f: dict[str, Any]) -> list[str]:

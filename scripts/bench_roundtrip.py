@@ -138,7 +138,6 @@ def _targets(entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "ours_reuse_workers_vs_floor (issue 14)": _target(floor_ratio("ours_reuse_workers"), 3.0, True),
         "ours_reuse_workers_client_vs_floor (issue 14)": _target(floor_ratio("ours_reuse_workers_client"), 3.0, True),
         "jupyter_vs_ours_dealer (issue 14)": _target(p50_ratio("jupyter_kernel", "ours_dealer"), 15.0, False),
-        "fresh_vs_reuse_workers_p50 (issue 9)": _target(p50_ratio("ours_dealer", "ours_reuse_workers"), 1.2, True),
         "hardened_vs_default_p50 (issue 11)": _target(p50_ratio("ours_hardened", "ours_dealer"), 2.0, True),
         "broker_tcp_vs_direct_ipc_p50 (issue 12)": _target(p50_ratio("ours_broker_tcp", "ours_dealer"), 2.0, True),
     }

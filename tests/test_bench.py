@@ -18,8 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "scripts" / "bench_all.py"
 MEASURED, NOT_BUILT = "measured", "not built yet"
-FIGURES = ("ciayn_overhead", "round_trip", "call_path", "call_path_cuts", "recovery", "timeout_precision",
-           "pool_scaling", "memory", "hardened_layers", "broker_pool")
+FIGURES = ("ciayn_overhead", "round_trip", "fresh_workers", "call_path", "call_path_cuts", "recovery",
+           "timeout_precision", "pool_scaling", "memory", "hardened_layers", "broker_pool")
 ROUND_TRIP = ("floor_zmq_echo", "ours_dealer", "ours_client", "ours_reuse_workers", "ours_hardened",
               "ours_broker_tcp", "in_process", "jupyter_kernel", "fresh_python")
 MACHINE = ("cores", "cpu_model", "python", "pyzmq", "libzmq", "load_avg_1m")
