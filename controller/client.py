@@ -60,6 +60,7 @@ HEARTBEAT_INTERVAL = 0.5  # seconds between pings
 SILENCE_BEFORE_RECONNECT = 2.0  # no message for this long: new socket, resend calls in flight
 UNAVAILABLE_AFTER = 6.0  # no message for this long: calls in flight are answered `unavailable`
 DEADLINE_GRACE = 2.0  # added to a call's timeout before the client answers `timeout` itself
+MAX_APPLY_GRACE = 120.0  # the most an executor's welcome can add to that (its apply_grace_s)
 DEFAULT_TIMEOUT = 30.0  # a call's timeout when neither the call, the tool nor the executor says (validly)
 RECV_BUDGET_S = 0.02  # seconds spent taking messages per turn of the I/O loop
 RECV_HWM = 4  # messages ZeroMQ takes off the connection ahead of the I/O thread (each up to 128 MiB)
@@ -301,7 +302,7 @@ class ExecutorClient:
                 now = time.monotonic()
                 wait = next_ping - now
                 for p in pending.values():
-                    wait = min(wait, p.deadline - now)
+                    wait = min(wait, p.deadline + self._apply_grace() - now)
                 poller.modify(sock, zmq.POLLIN | (zmq.POLLOUT if self._outbox else 0))
                 events = dict(poller.poll(max(0, int(wait * 1000) + 1)))
                 now = time.monotonic()
@@ -340,8 +341,9 @@ class ExecutorClient:
                         self._queue(Hello(client="ciayn"))
                 if silence > UNAVAILABLE_AFTER and pending:
                     self._give_up(pending, f"the executor at {self.endpoint} has not answered for {silence:.0f} s")
+                apply_grace = self._apply_grace()
                 for cid, p in list(pending.items()):
-                    if now >= p.deadline:
+                    if now >= p.deadline + apply_grace:
                         self._queue(Cancel(id=cid))
                         self._resolve(pending, cid, Result.failure(
                             cid, "timeout",
@@ -394,6 +396,14 @@ class ExecutorClient:
                 self._queue(Hello(client="ciayn"))
             elif op == "close":
                 return False
+
+    def _apply_grace(self) -> float:
+        """How much longer than its deadline a call may take because the executor applies its
+        workspace writes after it answered (its welcome's ``apply_grace_s``, hardened
+        ``--workspace-rw``): a cancel then would throw away the writes of a call that answered in
+        time. At most ``MAX_APPLY_GRACE``, whatever an executor says."""
+        welcome = self._welcome
+        return min(welcome.apply_grace_s, MAX_APPLY_GRACE) if welcome is not None else 0.0
 
     def _tool_timeout(self, tool: str) -> float:
         """The timeout the executor applies to a call that gives none: the tool's, else the

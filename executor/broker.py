@@ -358,7 +358,8 @@ class Broker:
         return Welcome(executor=self.broker_id, incarnation=self.incarnation,
                        tools=[self.specs[n] for n in sorted(self.specs)], limits=limits,
                        workers=sum(m.ready.capacity for m in members),
-                       profile=profiles.pop() if len(profiles) == 1 else "mixed" if profiles else "default")
+                       profile=profiles.pop() if len(profiles) == 1 else "mixed" if profiles else "default",
+                       apply_grace_s=max((m.ready.apply_grace_s for m in members), default=0.0))
 
     def _answer_hellos(self, now: float) -> None:
         if not self.hellos:
@@ -529,7 +530,7 @@ class Broker:
     def _expire_running(self, now: float) -> None:
         for member in list(self.members.values()):
             for cid, job in list(member.running.items()):
-                if now - job.sent_at > job.timeout + RUNNING_GRACE:
+                if now - job.sent_at > job.timeout + RUNNING_GRACE + member.ready.apply_grace_s:
                     del member.running[cid]
                     self._finish(job, Result.failure(cid, "unavailable", f"executor {member.id} did not answer "
                                                      f"within the call's timeout plus {RUNNING_GRACE:g} s; the "

@@ -19,12 +19,13 @@ from typing import Any
 
 import zmq
 
+from executor import hardening
 from executor.calls import MAX_QUEUE_BYTES, MAX_QUEUE_WAIT, CallTable, Job, fingerprint
 from executor.endpoint import ClientSide, EndpointError, RouterEndpoint
 from executor.limits import effective_limits
 from executor.link import BrokerLink
 from executor.metrics import CallStats, MetricsServer
-from executor.pool import StartupError, WorkerPool
+from executor.pool import APPLY_GRACE, StartupError, WorkerPool
 from executor.privacy import not_dumpable, scrub_initial_environment
 from executor.worker import WorkerConfig
 from protocol import (
@@ -168,7 +169,13 @@ class Supervisor:
         """What a linked executor announces to the broker on every (re)connection."""
         held = list(self.calls.jobs) + list(self.calls.cache)[-HELD_RECENT:]
         return Ready(executor=self.executor_id, incarnation=self.incarnation, tools=list(self.pool.specs.values()),
-                     limits=self.limits, capacity=self.pool.size, profile=self.profile, held=held)
+                     limits=self.limits, capacity=self.pool.size, profile=self.profile, held=held,
+                     apply_grace_s=self._apply_grace())
+
+    @staticmethod
+    def _apply_grace() -> float:
+        """What a call's answer may take past its timeout: its workspace writes being applied."""
+        return APPLY_GRACE if hardening.keeps_workspace() else 0.0
 
     def report(self, now: float) -> Report:
         """The answer to ``status`` (and what ``--metrics-port`` exports)."""
@@ -252,7 +259,8 @@ class Supervisor:
             elif isinstance(msg, Hello):
                 self._send(route, Welcome(executor=self.executor_id, incarnation=self.incarnation,
                                           tools=list(self.pool.specs.values()), limits=self.limits,
-                                          workers=self.pool.size, profile=self.profile))
+                                          workers=self.pool.size, profile=self.profile,
+                                          apply_grace_s=self._apply_grace()))
             elif isinstance(msg, Cancel):
                 self._on_cancel(route, msg.id)
             elif isinstance(msg, Status):

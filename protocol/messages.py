@@ -180,6 +180,9 @@ class Welcome(Body):
     limits: Limits = Field(description="the default limits of a call")
     workers: int = Field(default=1, description="calls it runs at once")
     profile: str = Field(default="default", max_length=MAX_NAME_CHARS, description="its isolation profile")
+    apply_grace_s: float = Field(default=0.0, ge=0, le=MAX_TIMEOUT_S,
+                                 description="how much longer than its timeout a call may take to answer because its "
+                                 "writes are being applied (hardened --workspace-rw); a client adds it to its deadline")
 
 
 class Ping(Body):
@@ -221,6 +224,9 @@ class Ready(Body):
     limits: Limits = Field(description="the default limits of a call")
     capacity: int = Field(default=1, ge=1, le=4096, description="calls it runs at once (its workers)")
     profile: str = Field(default="default", max_length=MAX_NAME_CHARS, description="its isolation profile")
+    apply_grace_s: float = Field(default=0.0, ge=0, le=MAX_TIMEOUT_S,
+                                 description="how much longer than its timeout a call may take to answer because its "
+                                 "writes are being applied (hardened --workspace-rw); a client adds it to its deadline")
     held: list[str] = Field(default_factory=list, max_length=65536,
                             description="ids of calls queued, running or answered lately")
 

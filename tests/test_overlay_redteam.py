@@ -299,18 +299,6 @@ def _applying_keeper(served: Served) -> psutil.Process:
     raise AssertionError("no keeper was seen applying within 15 s")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE (left by the fix 5704058/5223176): the executor gives a call that answered in time "
-    "APPLY_GRACE (60 s) for its apply, but ExecutorClient answers 'timeout' itself at the call's timeout "
-    "plus DEADLINE_GRACE (2 s) and cancels it on the executor, which SIGKILLs the keeper mid-apply: "
-    "a call whose tool answered within its time but whose apply runs 2 s past the deadline (a large "
-    "change set, or waiting for another call's apply) is answered 'timeout', its writes discarded, and "
-    "its trash directory ('.ciayn-apply-<token>', with up to 1,763 staged copies in 4 runs here) stays "
-    "in the workspace until the next call that writes (all of it shown to read-only calls meanwhile); "
-    "a cancel that lands in the final renames keeps the part done. Reproduce: "
-    "client.call(answer_just_before(directory='r', count=1800, deadline=2.5, margin=0.15), timeout=2.5) "
-    "on a loaded machine (the apply took over 2 s); the test stands for a slow apply by stopping the "
-    "keeper (SIGSTOP) once its apply shows (its trash directory), until the result comes or 6 s pass"))
 def test_a_call_that_answered_in_time_keeps_its_writes_however_long_its_apply(ws: Served) -> None:
     """Stands for every apply that outlasts the deadline. Before 5704058 the executor's own deadline did it
     (the test this one replaces): the supervisor's call timeout runs on while the keeper applies (the
