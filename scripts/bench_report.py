@@ -51,6 +51,7 @@ def charts(results: dict[str, Any], out: Path) -> list[str]:
 
     drawers: dict[str, Callable[[Any, dict[str, Any]], None]] = {
         "round_trip": _chart_round_trip,
+        "fresh_workers": _chart_fresh,
         "call_path": _chart_call_path,
         "call_path_cuts": _chart_cuts,
         "recovery": _chart_recovery,
@@ -129,6 +130,30 @@ def _chart_cuts(fig: Any, data: dict[str, Any]) -> None:
     ax.set_xlabel("microseconds per no-op call")
     ax.legend(fontsize=8)
     ax.set_title(f"What candidate cuts would buy ({data['path_flags']}; what-if runs, executor/ unchanged)")
+
+
+def _chart_fresh(fig: Any, data: dict[str, Any]) -> None:
+    modes = (("fresh", "fresh workers (default)", "tab:orange"), ("reuse_workers", "--reuse-workers", "tab:blue"))
+    ax = fig.add_subplot(1, 2, 1)
+    groups = (("low_load_p50_us", f"calls {data['pause_between_calls_s'] * 1000:.0f} ms apart"),
+              ("back_to_back_p50_us", "back to back"))
+    for j, (mode, label, color) in enumerate(modes):
+        values = [data[key][mode] / 1000 for key, _ in groups]
+        bars = ax.bar([i + j * 0.38 for i in range(len(groups))], values, width=0.38, color=color, label=label)
+        ax.bar_label(bars, fmt="%.1f", fontsize=8)
+    ax.set_xticks([i + 0.19 for i in range(len(groups))], [g for _, g in groups])
+    ax.set_ylabel("p50 round trip, milliseconds")
+    ax.set_title("No-op call latency")
+    ax.legend(fontsize=8)
+    ax = fig.add_subplot(1, 2, 2)
+    values = [data["throughput_calls_per_s"][mode] for mode, _, _ in modes]
+    bars = ax.bar(range(len(modes)), values, color=[c for _, _, c in modes])
+    ax.bar_label(bars, fmt="%.0f", fontsize=8)
+    ax.axhline(200, color="black", linestyle="--", label="target for fresh workers: 200 calls/s")
+    ax.set_xticks(range(len(modes)), [label for _, label, _ in modes])
+    ax.set_ylabel("calls per second")
+    ax.set_title("Sustained no-op calls (100 in flight, --workers 2)")
+    ax.legend(fontsize=8)
 
 
 def _chart_recovery(fig: Any, data: dict[str, Any]) -> None:
