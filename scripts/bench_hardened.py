@@ -21,6 +21,7 @@ Usage: .venv/bin/python scripts/bench_hardened.py [--calls N] [--seconds S] [--w
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -51,6 +52,7 @@ def _pct(xs: list[float], q: float) -> float:
 def _serve(profile: str, workdir: str, workers: int,
            extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], _Client]:
     sockdir = tempfile.mkdtemp(prefix="ciayn-bench-sock-")  # mode 0700: the executor refuses any other
+    atexit.register(shutil.rmtree, sockdir, ignore_errors=True)  # the executor removes only its socket file
     sock = os.path.join(sockdir, f"{profile}.sock")
     cmd = [sys.executable, "-m", "executor.cli", "serve", "--tools", "executor.selfcheck", "--bind", f"ipc://{sock}",
            "--workers", str(workers), "--profile", profile, "--log-level", "warning", "--workspace", workdir,
