@@ -372,9 +372,14 @@ def test_a_client_refused_by_curvezmq_is_logged_with_the_reason(tmp_path: Path) 
         with ExecutorClient(endpoint, curve_server_key=load_public(server_pub), curve_keys=load_pair(client_sec),
                             connect_timeout=30) as admitted:
             admitted.tools()  # the executor is up
-        attempts = {"not admitted": (load_public(server_pub), load_pair(stranger_sec)),
-                    "wrong server key": (load_public(other_pub), load_pair(client_sec)), "no curve": None}
-        for name, keys in attempts.items():
+        # Without CurveZMQ first, alone: libzmq reports it as a mechanism mismatch or, when the peer
+        # goes before the greetings are exchanged, with no detail; either way one refusal is logged.
+        attempts = [("no curve", None, ("does not use CurveZMQ", "did not complete the handshake")),
+                    ("not admitted", (load_public(server_pub), load_pair(stranger_sec)), ("is not in",)),
+                    ("wrong server key", (load_public(other_pub), load_pair(client_sec)),
+                     ("another server public key",))]
+        seen = 0
+        for name, keys, reasons in attempts:
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             if keys is not None:
@@ -382,17 +387,17 @@ def test_a_client_refused_by_curvezmq_is_logged_with_the_reason(tmp_path: Path) 
             sock.connect(endpoint)
             sock.send_multipart(encode(Ping(nonce=1)))
             assert not sock.poll(1000), f"{name}: answered"
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                text = log_path.read_text(errors="replace")
+                lines = [line for line in text.splitlines() if "refused a connection" in line]
+                if any(r in line for line in lines[seen:] for r in reasons):
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError(f"{name}: refusal not logged with its reason {reasons}: {lines}")
             sock.close(0)
-        expected = ["is not in", "another server public key", "does not use CurveZMQ"]
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            text = log_path.read_text(errors="replace")
-            lines = [line for line in text.splitlines() if "refused a connection" in line]
-            if all(any(e in line for line in lines) for e in expected):
-                break
-            time.sleep(0.1)
-        else:
-            raise AssertionError(f"refusals not logged: {lines}")
+            seen = len(lines)
         with ExecutorClient(endpoint, curve_server_key=load_public(server_pub), curve_keys=load_pair(client_sec),
                             connect_timeout=10) as admitted:
             assert admitted.call(Call(tool="list_dir", kwargs={"path": "."}), timeout=10).error is None
