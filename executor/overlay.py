@@ -65,6 +65,7 @@ from typing import NamedTuple, NoReturn
 
 from executor import framing
 from executor.channel import Applying, CallRequest, ChannelError, Reply, Started
+from executor.procfs import PF_EXITING, stat_fields
 from protocol import Limits
 from protocol.codec import unpack
 
@@ -84,7 +85,6 @@ WHITEOUT_RDEV = 0  # overlayfs marks a deletion with a character device 0:0
 OPAQUE_XATTR = "trusted.overlay.opaque"  # a directory that hides the lower one of its name
 OVERLAY_OPTIONS = "redirect_dir=off,index=off,metacopy=off,xino=off"  # no metadata-only copy-ups, no redirects
 STOP_WAIT = 5.0  # seconds the keeper waits for an answered call to stop before killing it
-PF_EXITING = 0x4  # a task's flag from the start of its exit
 _HEADER = struct.Struct("!I")
 _READ = 1 << 16
 
@@ -731,11 +731,10 @@ def _exiting(pid: int) -> bool:
     """Whether every thread of ``pid`` is in its exit (``PF_EXITING``): none runs code any more."""
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
+            fields = stat_fields(f"/proc/{pid}/task/{tid}/stat")
         except FileNotFoundError:
             continue  # that thread is gone
-        if not int(fields[6]) & PF_EXITING:  # the 9th field, flags
+        if not int(fields[6]) & PF_EXITING:
             return False
     return True
 

@@ -20,6 +20,8 @@ import ctypes
 import os
 import sys
 
+from executor.procfs import stat_fields
+
 PR_SET_DUMPABLE = 4
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -31,8 +33,7 @@ def not_dumpable() -> None:
 def _environ_region() -> tuple[int, int] | None:
     """The (start, end) addresses of this process's initial environment strings."""
     try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+        fields = stat_fields("/proc/self/stat")
         start, end = int(fields[47]), int(fields[48])  # env_start, env_end: fields 50 and 51
     except (OSError, IndexError, ValueError):
         return None

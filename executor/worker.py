@@ -37,7 +37,7 @@ from typing import Any
 
 import msgpack
 
-from executor import framing, hardening, signals
+from executor import framing, hardening, procfs, signals
 from executor.cgroups import CgroupSupport, Group
 from executor.channel import (
     CallRequest,
@@ -320,6 +320,7 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
     sandbox = hardening.active()  # --profile hardened: the worker is PID 1 of a namespace of its own
     if sandbox is not None:
         sandbox.before_fork()
+    template = os.getpid() if sandbox is None else 0  # a hardened worker cannot see (nor signal) us
     pid = os.fork()
     if pid == 0:
         code = 0
@@ -335,7 +336,7 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
                 drop_capabilities(CAP_SYS_PTRACE, CAP_SYS_RESOURCE)
             if rehearsal and not config.reuse:
                 rehearse()
-            worker_loop(child_end, tools, config)
+            worker_loop(child_end, tools, config, template=template)
         except BaseException:
             code = 70
             with contextlib.suppress(BaseException):
@@ -378,12 +379,20 @@ def _worker_setup(out_w: int, err_w: int, config: WorkerConfig) -> None:
     apply_process_limits(config.limits, hard=not config.reuse)
 
 
-def worker_loop(chan: socket.socket, tools: dict[str, Tool], config: WorkerConfig) -> None:
-    """Serve calls from the channel: one, or (``config.reuse``) until the channel closes."""
+def worker_loop(chan: socket.socket, tools: dict[str, Tool], config: WorkerConfig, template: int = 0) -> None:
+    """Serve calls from the channel: one, or (``config.reuse``) until the channel closes.
+
+    A call is not started while ``template`` (the process that forked us) is dying: a tool that
+    SIGKILLs the template and returns is answered before the template's death reaches the
+    supervisor, and the client's next call can come here, to a worker forked ahead that dies with the
+    template (PDEATHSIG). Started, that call would be lost with us (``crashed``); not started, our
+    exit sends it back to the queue for the next template's workers."""
     while True:
         try:
             req = CallRequest.from_wire(framing.recv(chan))
         except EOFError:
+            return
+        if template and (os.getppid() != template or procfs.dying(template)):
             return
         limits = _call_limits(req, config.limits)
         try:

@@ -538,6 +538,28 @@ def test_a_template_that_cannot_be_killed_is_abandoned_and_replaced(
         wire.close()
 
 
+def test_a_worker_does_not_start_a_call_while_its_template_is_dying(
+    make_client: Callable[..., ExecutorClient], freezer: Path
+) -> None:
+    """The race of ``test_the_call_after_a_template_kill_succeeds`` held open: the template is frozen
+    with a SIGKILL pending, dying but not dead, as in the gap between a tool's kill and the template's
+    exit. The next call reaches the worker forked ahead, which would die with the template (and the
+    call be answered ``crashed``) once it exits: that worker must not start it, and the call must run
+    in a worker of the next template. Two workers: one for the attack, one forked ahead for the call."""
+    client = make_client(tools=[ATTACKS], timeout=TIMEOUT, workers=2)
+    first = client.call(Call(tool="whoami"))  # its worker exits; another is forked once the pool is quiet
+    assert first.ok, first.error
+    template = psutil.Process(first.value["ppid"])
+    wait_until("two workers to be forked ahead",
+               lambda: len([c for c in template.children() if c.pid != first.value["pid"]]) == 2, timeout=5)
+    dying = client.call(Call(tool="kill_frozen_template", kwargs={"group": str(freezer)}))
+    assert dying.ok, dying.error
+    after, took = timed(client, "whoami", timeout=TEMPLATE_ANSWER_TIMEOUT + 2 * KILL_GRACE + 1)
+    assert after.ok, after.error
+    assert after.value["ppid"] != dying.value, "the call ran in a worker of the dying template"
+    assert took < TEMPLATE_ANSWER_TIMEOUT + 2 * KILL_GRACE + GRACE, f"the call took {took:.1f} s"
+
+
 def test_shutdown_with_a_worker_that_cannot_be_killed_ends_within_a_bound(
     make_client: Callable[..., ExecutorClient], freezer: Path
 ) -> None:

@@ -511,6 +511,17 @@ def freeze_template(group: str) -> int:
     return ppid
 
 
+@tool
+def kill_frozen_template(group: str) -> int:
+    """Freeze the template, then SIGKILL it, and return its pid: it is dying (the signal is pending)
+    but does not die until thawed, which holds open the gap between a tool's kill and the template's
+    exit that ``kill_template`` races."""
+    ppid = os.getppid()
+    _freeze(group, ppid)
+    os.kill(ppid, signal.SIGKILL)
+    return ppid
+
+
 # ------------------------------------------------------------------------------ the next call's worker
 
 SYS_PIDFD_GETFD = 438

@@ -1,0 +1,30 @@
+"""Reading a task's ``/proc/.../stat`` line, which the kernel writes for any task a process can see
+(most fields even for a task it may not trace)."""
+
+from __future__ import annotations
+
+import signal
+
+PF_EXITING = 0x4  # a task's flag from the start of its exit
+SIGKILL_PENDING = 1 << (signal.SIGKILL - 1)  # its bit in the pending-signal mask
+
+
+def stat_fields(path: str) -> list[bytes]:
+    """The fields after the command name (which may hold spaces and parentheses): index 0 is the
+    state (field 3 of proc(5)), 6 the flags (field 9), 28 the pending signals (field 31).
+    Raises ``OSError`` if the task is gone."""
+    with open(path, "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()
+
+
+def dying(pid: int) -> bool:
+    """Whether process ``pid`` is gone or on its way out: a zombie, in its exit, or with a SIGKILL
+    pending that it has not taken yet (a process frozen or in uninterruptible sleep keeps it
+    pending; one just signalled has it until it next runs). Once ``kill(pid, SIGKILL)`` has returned
+    anywhere, this is true."""
+    try:
+        fields = stat_fields(f"/proc/{pid}/stat")
+        state, flags, pending = fields[0], int(fields[6]), int(fields[28])
+    except (OSError, IndexError, ValueError):
+        return True
+    return state in (b"Z", b"X", b"x") or bool(flags & PF_EXITING) or bool(pending & SIGKILL_PENDING)
