@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from executor import procfs
+
 ROOT = Path("/sys/fs/cgroup")
 PREFIX = "ciayn-"
 SWEEP_MIN_AGE = 60.0  # seconds: empty groups older than this are leftovers
@@ -45,47 +47,59 @@ def _own_path(controller: str) -> str | None:
     return None
 
 
+_KILL_FILE: list[bool] = []  # whether groups have cgroup.kill (kernel >= 5.14), learnt from the first
+
+
+def _has_kill(group: str) -> bool:
+    if not _KILL_FILE:
+        _KILL_FILE.append(os.path.exists(f"{group}/cgroup.kill"))
+    return _KILL_FILE[0]
+
+
 def _writable_dir(path: Path) -> bool:
     return path.is_dir() and os.access(path, os.W_OK)
 
 
 @dataclass(frozen=True)
 class Group:
-    """One worker's groups; any of the paths may be missing."""
+    """One worker's groups (directories); any of them may be missing."""
 
-    memory: Path | None
-    pids: Path | None
-    kill: Path | None
+    memory: str | Path | None
+    pids: str | Path | None
+    kill: str | Path | None
 
-    def paths(self) -> list[Path]:
+    def paths(self) -> list[str | Path]:
         return [p for p in (self.memory, self.pids, self.kill) if p is not None]
 
     def join(self) -> None:
-        """Move the calling process into every group (the worker, before running tools)."""
+        """Move the calling process into every group (the worker, before running tools). The
+        control files here are written with bare system calls (``procfs``): the template and each
+        fresh worker run this for every call, where each page of Python objects touched costs a
+        copy-on-write fault."""
         for path in self.paths():
-            (path / "cgroup.procs").write_text("0")
+            procfs.write(f"{path}/cgroup.procs", b"0")
 
     def oom_killed(self) -> bool:
-        """Whether the kernel OOM-killed a process in the memory group."""
+        """Whether the kernel OOM-killed a process in the memory group (v1 ``memory.oom_control``
+        or v2 ``memory.events``: both have an ``oom_kill N`` line)."""
         if self.memory is None:
             return False
-        try:
-            for name in ("memory.oom_control", "memory.events"):
-                f = self.memory / name
-                if f.exists():
-                    for line in f.read_text().splitlines():
-                        key, _, value = line.partition(" ")
-                        if key == "oom_kill" and int(value or 0) > 0:
-                            return True
-        except (OSError, ValueError):
-            return False
+        for name in ("memory.oom_control", "memory.events"):
+            try:
+                text = procfs.read(f"{self.memory}/{name}")
+            except FileNotFoundError:
+                continue
+            except OSError:
+                return False
+            at = text.find(b"oom_kill ")
+            return at >= 0 and text[at + 9:].split(b"\n", 1)[0].strip() not in (b"0", b"")
         return False
 
     def kill_all(self) -> None:
         """SIGKILL everything in the group (v2 cgroup.kill); the template reaps what was its child."""
         if self.kill is not None:
             with contextlib.suppress(OSError):
-                (self.kill / "cgroup.kill").write_text("1")
+                procfs.write(f"{self.kill}/cgroup.kill", b"1")
 
     def remove(self, wait: float = EMPTY_WAIT) -> bool:
         """Remove the groups, waiting up to ``wait`` for them to empty; whether all are gone."""
@@ -94,7 +108,7 @@ class Group:
         for path in self.paths():
             while True:
                 try:
-                    path.rmdir()
+                    os.rmdir(path)
                     break
                 except FileNotFoundError:
                     break
@@ -158,32 +172,35 @@ class CgroupSupport:
         """Make one worker's groups (removing stale ones of the same name first)."""
         memory = self._make(self.memory_parent, name)
         if memory is not None:
-            limit = str(memory_mb * 1024 * 1024)
-            (memory / ("memory.max" if self.memory_v2 else "memory.limit_in_bytes")).write_text(limit)
+            limit = b"%d" % (memory_mb * 1024 * 1024)
+            procfs.write(f"{memory}/{'memory.max' if self.memory_v2 else 'memory.limit_in_bytes'}", limit)
             if not self.memory_v2:
                 with contextlib.suppress(OSError):  # no swap accounting on some kernels
-                    (memory / "memory.memsw.limit_in_bytes").write_text(limit)
-            elif (memory / "memory.swap.max").exists():
-                (memory / "memory.swap.max").write_text("0")
+                    procfs.write(f"{memory}/memory.memsw.limit_in_bytes", limit)
+            else:
+                with contextlib.suppress(FileNotFoundError):  # no swap controller
+                    procfs.write(f"{memory}/memory.swap.max", b"0")
         pids = self._make(self.pids_parent, name) if self.pids_parent != self.memory_parent else memory
         if pids is not None:
-            (pids / "pids.max").write_text(str(processes))
+            procfs.write(f"{pids}/pids.max", b"%d" % processes)
         if self.kill_parent in (self.memory_parent, self.pids_parent):
             kill = memory if self.kill_parent == self.memory_parent else pids
         else:
             kill = self._make(self.kill_parent, name)
-        if kill is not None and not (kill / "cgroup.kill").exists():
+        if kill is not None and not _has_kill(kill):
             kill = None
         return Group(memory=memory, pids=pids, kill=kill)
 
     @staticmethod
-    def _make(parent: Path | None, name: str) -> Path | None:
+    def _make(parent: Path | None, name: str) -> str | None:
         if parent is None:
             return None
-        path = parent / f"{PREFIX}{name}"
-        if path.exists():
+        path = f"{parent}/{PREFIX}{name}"
+        try:
+            os.mkdir(path)
+        except FileExistsError:  # a stale group of the same name
             Group(path, None, None).remove()
-        path.mkdir()
+            os.mkdir(path)
         return path
 
     def sweep(self) -> int:

@@ -37,8 +37,21 @@ class _Message:
     def to_wire(self) -> dict[str, Any]:
         # Shallow on purpose: asdict() would deep-copy a call's arguments and its result on every hop.
         wire = {"op": self.OP}
-        wire.update((f.name, getattr(self, f.name)) for f in fields(self))  # type: ignore[arg-type]
+        for name in _field_names(type(self)):
+            wire[name] = getattr(self, name)
         return wire
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """A message class's field names, looked up once (``dataclasses.fields`` walks every field's
+    descriptor each time: work, and pages touched, on every message of every call)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
 
 
 # ------------------------------------------------------------------ supervisor <-> template
@@ -233,3 +246,7 @@ class Reply(_Message):
     @classmethod
     def failure(cls, seq: int, kind: str, message: str, **error: Any) -> Reply:
         return cls(seq=seq, ok=False, error={"kind": kind, "message": message, **error})
+
+
+for _cls in _Message.__subclasses__():  # every message class, here at import (in the template, before any fork)
+    _field_names(_cls)

@@ -33,7 +33,7 @@ def send(sock: socket.socket, obj: Any) -> None:
 
 def send_with_fds(sock: socket.socket, obj: Any, fds: list[int]) -> None:
     data = pack(obj)
-    sent = socket.send_fds(sock, [data], fds)
+    sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))])
     if sent < len(data):
         sock.sendall(data[sent:])
 

@@ -24,6 +24,7 @@ from executor.procfs import stat_fields
 
 PR_SET_DUMPABLE = 4
 _libc = ctypes.CDLL(None, use_errno=True)
+_capget, _capset = _libc.capget, _libc.capset  # looked up at import (in the template), not in each worker
 
 
 def not_dumpable() -> None:
@@ -76,7 +77,7 @@ def drop_capabilities(*caps: int) -> bool:
     dumpable processes) and ``CAP_SYS_RESOURCE`` (so it cannot lift its hard limits). Returns whether
     it held any of them; a process without them has nothing to drop."""
     header, data = _CapHeader(_CAP_VERSION_3, 0), (_CapData * 2)()
-    if _libc.capget(ctypes.byref(header), data) != 0:
+    if _capget(ctypes.byref(header), data) != 0:
         return False
     held = any(data[c // 32].permitted & (1 << (c % 32)) for c in caps)
     for c in caps:
@@ -85,7 +86,7 @@ def drop_capabilities(*caps: int) -> bool:
         data[word].effective &= ~bit
         data[word].permitted &= ~bit
         data[word].inheritable &= ~bit
-    if held and _libc.capset(ctypes.byref(header), data) != 0:
+    if held and _capset(ctypes.byref(header), data) != 0:
         raise OSError(ctypes.get_errno(), "capset failed while dropping capabilities")
     return held
 

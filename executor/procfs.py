@@ -1,20 +1,40 @@
-"""Reading a task's ``/proc/.../stat`` line, which the kernel writes for any task a process can see
-(most fields even for a task it may not trace)."""
+"""Reading ``/proc`` files without Python's file objects: the template and each fresh worker read
+some for every call, and each page of objects they touch costs them a copy-on-write fault. A task's
+``stat`` line is written for any task a process can see (most fields even for one it may not trace)."""
 
 from __future__ import annotations
 
+import os
 import signal
 
 PF_EXITING = 0x4  # a task's flag from the start of its exit
 SIGKILL_PENDING = 1 << (signal.SIGKILL - 1)  # its bit in the pending-signal mask
 
 
+def read(path: str, size: int = 1 << 16) -> bytes:
+    """The first ``size`` bytes of a file (``/proc`` and control-group files are made whole on the
+    first read). Raises ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, size)
+    finally:
+        os.close(fd)
+
+
+def write(path: str, data: bytes) -> None:
+    """Write a control file in one call. Raises ``OSError``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 def stat_fields(path: str) -> list[bytes]:
     """The fields after the command name (which may hold spaces and parentheses): index 0 is the
     state (field 3 of proc(5)), 6 the flags (field 9), 28 the pending signals (field 31).
     Raises ``OSError`` if the task is gone."""
-    with open(path, "rb") as f:
-        return f.read().rsplit(b")", 1)[1].split()
+    return read(path, 4096).rsplit(b")", 1)[1].split()
 
 
 def dying(pid: int) -> bool:
