@@ -9,7 +9,7 @@ message is a msgpack map with an ``op`` key (see ``executor.framing`` for the le
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 
 class ChannelError(ValueError):
@@ -168,36 +168,35 @@ class CallRequest(_Message):
 
 
 @dataclass(frozen=True)
-class Started(_Message):
-    """Worker -> supervisor, before the tool runs: from here on the call may have had effects. A
-    worker that dies before saying so never ran the tool, so its call can be given to another."""
+class _Notice(_Message):
+    """A worker's (or keeper's) word about call ``seq`` before its reply."""
 
-    OP: ClassVar[str] = "started"
     seq: int
 
     @classmethod
-    def from_wire(cls, obj: Any) -> Started | None:
-        """The ack, or None if ``obj`` is something else (a reply)."""
+    def from_wire(cls, obj: Any) -> Self | None:
+        """The notice, or None if ``obj`` is something else (another notice, a reply)."""
         if isinstance(obj, dict) and obj.get("op") == cls.OP:
             return cls(seq=_field(obj, "seq", int))
         return None
 
 
 @dataclass(frozen=True)
-class Applying(_Message):
+class Started(_Notice):
+    """Worker -> supervisor, before the tool runs: from here on the call may have had effects. A
+    worker that dies before saying so never ran the tool, so its call can be given to another."""
+
+    OP: ClassVar[str] = "started"
+
+
+@dataclass(frozen=True)
+class Applying(_Notice):
     """Keeper -> supervisor (hardened ``--workspace-rw``): the call answered within its time and its
     writes are being applied to the workspace; the reply follows once they are (``executor.overlay``).
     The supervisor then gives the call ``APPLY_GRACE`` more, once, so a deadline never kills the keeper
     halfway through an apply."""
 
     OP: ClassVar[str] = "applying"
-    seq: int
-
-    @classmethod
-    def from_wire(cls, obj: Any) -> Applying | None:
-        if isinstance(obj, dict) and obj.get("op") == cls.OP:
-            return cls(seq=_field(obj, "seq", int))
-        return None
 
 
 @dataclass
@@ -248,5 +247,8 @@ class Reply(_Message):
         return cls(seq=seq, ok=False, error={"kind": kind, "message": message, **error})
 
 
-for _cls in _Message.__subclasses__():  # every message class, here at import (in the template, before any fork)
+_classes = _Message.__subclasses__()
+while _classes:  # every message class, here at import (in the template, before any fork)
+    _cls = _classes.pop()
     _field_names(_cls)
+    _classes.extend(_cls.__subclasses__())

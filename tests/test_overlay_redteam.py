@@ -282,19 +282,34 @@ def test_a_deep_change_set_does_not_stop_every_later_call_writing() -> None:
         shutil.rmtree(top, ignore_errors=True)
 
 
-def _applying_keeper(served: Served) -> psutil.Process:
-    """The keeper that is applying a call, once its apply shows in the host's workspace (the trash
-    directory, made after the keeper announced the apply and took the lock): the parent of the
-    sandboxed process (PID 1 of a namespace of its own) stopped for the commit. Waited for with a bound."""
+def _sandboxed_call_keeper(served: Served) -> psutil.Process:
+    """The keeper of the call running now: the parent of the sandboxed process (PID 1 of a namespace
+    of its own). Waited for with a bound."""
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        for p in psutil.Process(served.proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess, OSError, StopIteration):
+                with open(f"/proc/{p.pid}/status") as f:
+                    nspid = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
+                if nspid[-1] == "1":
+                    return p.parent()
+        time.sleep(0.01)
+    raise AssertionError("no sandboxed call was seen running within 15 s")
+
+
+def _suspend_keeper_in_apply(served: Served) -> psutil.Process:
+    """Find the running call's keeper, then stop it as soon as its apply shows in the host's workspace
+    (the trash directory, made after the keeper announced the apply and took the lock): only a
+    directory listing between the two, so an apply of a few hundred milliseconds is not missed on a
+    loaded machine. Returns the stopped keeper; fails if the apply was over before it was stopped."""
+    keeper = _sandboxed_call_keeper(served)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if any(n.startswith(".ciayn-apply-") for n in os.listdir(served.workspace)):
-            for p in psutil.Process(served.proc.pid).children(recursive=True):
-                with contextlib.suppress(psutil.NoSuchProcess, OSError, StopIteration):
-                    with open(f"/proc/{p.pid}/status") as f:
-                        nspid = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
-                    if nspid[-1] == "1" and p.status() == psutil.STATUS_STOPPED:
-                        return p.parent()
+            keeper.suspend()
+            assert any(n.startswith(".ciayn-apply-") for n in os.listdir(served.workspace)), \
+                "the apply was over before its keeper could be stopped"
+            return keeper
         time.sleep(0.0002)
     raise AssertionError("no keeper was seen applying within 15 s")
 
@@ -312,10 +327,9 @@ def test_a_call_that_answered_in_time_keeps_its_writes_however_long_its_apply(ws
     future = ws.client.submit(Call(tool="answer_just_before", kwargs={
         "directory": "slow", "count": 1800, "deadline": 1.6, "margin": 0.0}), timeout=2.0)
     try:
-        keeper = _applying_keeper(ws)
-    except AssertionError:
-        raise AssertionError(f"no apply was seen; the call: {future.result(timeout=30)}") from None
-    keeper.suspend()  # an apply that takes a while (within the executor's APPLY_GRACE)
+        keeper = _suspend_keeper_in_apply(ws)  # an apply that takes a while (within the executor's APPLY_GRACE)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; the call: {future.result(timeout=30)}") from None
     try:
         with contextlib.suppress(TimeoutError):
             future.result(timeout=6.0)
