@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from protocol import ToolSpec, ValueRefused, check_value
-from protocol.spec import ToolDefinitionError
+from protocol.spec import MAX_NAME_CHARS, ToolDefinitionError
 
 log = logging.getLogger("ciayn.executor.registry")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -120,6 +120,9 @@ def tools_of(module: Any) -> list[Tool]:
         if inspect.iscoroutinefunction(obj) or inspect.isasyncgenfunction(obj) or inspect.isgeneratorfunction(obj):
             raise RegistryError(f"tool {where} is an async or generator function; tools must be plain "
                                 "functions that return a value")
+        if not isinstance(tool_name, str) or not 0 < len(tool_name) <= MAX_NAME_CHARS:
+            raise RegistryError(f"tool {where}: its name must be a string of 1 to {MAX_NAME_CHARS} characters, "
+                                f"as a call's tool name is, not {str(tool_name)[:80]!r}")
         try:
             spec = ToolSpec.from_function(obj, name=tool_name, **flags)
         except ToolDefinitionError as e:

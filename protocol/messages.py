@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from protocol.spec import ToolSpec
+from protocol.spec import MAX_NAME_CHARS, ToolSpec
 from protocol.values import INT_MAX
 
 ErrorKind = Literal[
@@ -38,7 +38,6 @@ SignalKind = Literal["complete", "exit", "note"]
 ID_PATTERN = r"^[!-~]{1,128}$"  # a call id: 1-128 printable ASCII characters, no space
 RESULT_ID_PATTERN = r"^[!-~]{0,128}$"  # the same, or "" for an error about no readable call
 MAX_ID_CHARS = 128
-MAX_NAME_CHARS = 256  # tool, client, executor and profile names
 MAX_TIMEOUT_S = 86400.0  # the longest timeout a call may ask for (24 h)
 
 

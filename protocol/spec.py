@@ -24,6 +24,7 @@ _KINDS: dict[Any, ParamKind] = {
 }
 NO_DOC = ""  # a tool without a docstring: the prompt shows its signature alone (the registry warns)
 MAX_SHOWN_VALUE_CHARS = 60  # of a refused argument value, in a bad-arguments message
+MAX_NAME_CHARS = 256  # tool, parameter, client, executor and profile names
 
 
 class BindError(ValueError):
@@ -37,7 +38,7 @@ class ToolDefinitionError(ValueError):
 
 class Param(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    name: str
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
     kind: ParamKind = "positional_or_keyword"
     required: bool = True
 
@@ -46,7 +47,7 @@ class ToolSpec(BaseModel):
     """A tool as the controller (and the model) sees it."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    name: str
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)  # as a call's ``tool`` may be
     signature: str
     doc: str = NO_DOC
     parameters: dict[str, Any] = Field(default_factory=dict)  # JSON Schema of the arguments
@@ -72,6 +73,10 @@ class ToolSpec(BaseModel):
     ) -> ToolSpec:
         tool_name = name or fn.__name__
         sig = _signature(fn, tool_name)
+        too_long = [p for p in sig.parameters if len(p) > MAX_NAME_CHARS]
+        if too_long:
+            raise ToolDefinitionError(f"tool {tool_name!r}: parameter name {too_long[0][:40]}... is longer than "
+                                      f"{MAX_NAME_CHARS} characters")
         params = [
             Param(name=p.name, kind=_KINDS[p.kind], required=p.default is inspect.Parameter.empty)
             for p in sig.parameters.values()

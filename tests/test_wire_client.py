@@ -143,6 +143,14 @@ def test_a_welcome_with_invalid_limits_is_not_believed(hostile: Callable[..., Ex
         hostile(limits={"timeout_s": math.nan})
 
 
+def test_a_welcome_naming_a_tool_no_call_could_name_is_not_believed(hostile: Callable[..., ExecutorClient]) -> None:
+    """A call's tool is 1 to 256 characters; a 100,000-character tool name (which would go into every
+    prompt) is refused with the welcome, not carried on."""
+    with pytest.raises(ExecutorUnavailable, match=r"a welcome this client cannot use: invalid welcome message: "
+                       r"tools\.0\.name"):
+        hostile(tools=[{**_tool(), "name": "t" * 100_000}])
+
+
 def test_the_hostile_server_speaks_valid_ciayn(hostile: Callable[..., ExecutorClient]) -> None:
     """The fixture itself: a plain welcome is understood, so the findings above are the client's."""
     client = hostile(tools=[_tool(timeout=2.0)], limits={"timeout_s": 3.0})
