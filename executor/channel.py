@@ -68,6 +68,25 @@ class Spawn(_Message):
 
 
 @dataclass(frozen=True)
+class Configure(_Message):
+    """Supervisor -> a template started afresh (``executor.template``), first and once: what it needs
+    to make workers (``WorkerConfig.to_wire``), the hardened profile (``hardening.export``, or None)
+    and the log level."""
+
+    OP: ClassVar[str] = "configure"
+    worker: dict[str, Any]
+    hardened: dict[str, Any] | None = None
+    log_level: str = "INFO"
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> Configure:
+        if not isinstance(obj, dict) or obj.get("op") != cls.OP:
+            raise ChannelError("not a configure message")
+        return cls(worker=_field(obj, "worker", dict), hardened=_field(obj, "hardened", (dict, type(None)), None),
+                   log_level=_field(obj, "log_level", str, "INFO"))
+
+
+@dataclass(frozen=True)
 class Sweep(_Message):
     """Supervisor -> template: kill every child that is not a live worker (reused workers' calls end
     without a worker exit, so processes a call started with ``CLONE_PARENT`` are swept this way)."""

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import platform
 import resource
@@ -67,6 +68,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from executor import cgroups, overlay
 
@@ -972,6 +974,25 @@ def activate(config: HardenedConfig) -> Sandbox:
     if missing and not config.allow_degraded:
         raise LayerError(", ".join(missing), "; ".join(f"{k}: {v}" for k, v in missing.items()))
     _active = Sandbox(config, tuple(layer for layer in LAYERS if layer.name not in missing))
+    return _active
+
+
+def export() -> dict[str, Any] | None:
+    """This executor's hardened profile as plain data, for a template started afresh (``restore``);
+    None under the default profile."""
+    if _active is None:
+        return None
+    return {"config": dataclasses.asdict(_active.config), "layers": list(_active.names)}
+
+
+def restore(state: dict[str, Any]) -> Sandbox:
+    """Make the profile ``export`` described this process's, with the same layers (already probed,
+    and checked by the selfcheck, in the process that exported it)."""
+    global _active
+    config = dict(state["config"])
+    config["hide"] = tuple(config.get("hide", ()))
+    names = set(state["layers"])
+    _active = Sandbox(HardenedConfig(**config), tuple(layer for layer in LAYERS if layer.name in names))
     return _active
 
 

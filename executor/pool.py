@@ -22,10 +22,11 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import zmq
 
@@ -35,6 +36,7 @@ from executor.channel import (
     Applying,
     CallRequest,
     ChannelError,
+    Configure,
     Exited,
     LoadFailed,
     Reply,
@@ -49,6 +51,7 @@ from executor.worker import (
     PR_SET_CHILD_SUBREAPER,
     SHUTDOWN_WAIT,
     WorkerConfig,
+    close_fds_except,
     kill_children,
     reply_cap,
     template_main,
@@ -153,19 +156,29 @@ class WorkerPool:
 
     # ---------------------------------------------------------------- start-up and shutdown
 
-    def start_template(self) -> None:
-        """Fork the template (the first time before any ZeroMQ context exists) and learn the tool
-        specs from it. This process becomes a subreaper, so whatever a dead template leaves comes
-        back to us to be killed, never to init."""
+    def start_template(self, fresh: bool = False) -> None:
+        """Start the template and learn the tool specs from it. The first is forked, before any
+        ZeroMQ context exists and before any key or call was read; a replacement (``fresh``) is a
+        new interpreter (``executor.template``): forked now, this process's memory would give its
+        workers other clients' calls and results and our keys. This process becomes a subreaper, so
+        whatever a dead template leaves comes back to us to be killed, never to init."""
         worker_prctl(PR_SET_CHILD_SUBREAPER, 1)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        supervisor = os.getpid()
         pid = os.fork()
         if pid == 0:
             ours.close()
+            if fresh:
+                _exec_template(theirs, supervisor)
             template_main(theirs, self.config)
         theirs.close()
         self.template_pid, self.template = pid, ours
         ours.settimeout(TEMPLATE_START_TIMEOUT)
+        if fresh:
+            configure = Configure(worker=self.config.to_wire(), hardened=hardening.export(),
+                                  log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()))
+            with contextlib.suppress(OSError):  # it died at once: its EOF is reported below
+                framing.send(ours, configure.to_wire())
         try:
             first = template_message(framing.recv(ours))
         except (EOFError, OSError, framing.FrameError, ChannelError) as e:
@@ -267,7 +280,7 @@ class WorkerPool:
         self._remove_groups()
         self.template_restarts += 1
         try:
-            self.start_template()
+            self.start_template(fresh=True)
         except StartupError as e:
             log.error("cannot start a new template: %s; stopping", e)
             self.failed = True
@@ -717,6 +730,21 @@ class WorkerPool:
         if fd >= 0 and self.fd_owner.pop(fd, None) is not None and self.poller is not None:
             with contextlib.suppress(KeyError, zmq.ZMQError):
                 self.poller.unregister(fd)
+
+
+def _exec_template(chan: socket.socket, supervisor: int) -> NoReturn:
+    """In the child forked to be a fresh template: become ``python -m executor.template``, keeping
+    only the standard descriptors and ``chan``."""
+    try:
+        close_fds_except(0, 1, 2, chan.fileno())
+        os.set_inheritable(chan.fileno(), True)
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(framing.__file__)))  # where `executor` is
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        os.execve(sys.executable, [sys.executable, "-m", "executor.template", str(chan.fileno()), str(supervisor)],
+                  env)
+    finally:
+        os._exit(127)
 
 
 def _death_result(job: Job, sig: int, code: int | None, oom: bool = False, cpu_s: float = 0.0) -> Result:

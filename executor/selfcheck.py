@@ -815,8 +815,10 @@ class Target:
     exit the executor is stopped and ``host_rows`` says what it left on the host."""
 
     def __init__(self, workers: int = 3, quiet: bool = True, extra: tuple[str, ...] = (),
-                 workspace_owner: int | None = None, parent: str | None = None) -> None:
+                 workspace_owner: int | None = None, parent: str | None = None,
+                 replace_template: bool = False) -> None:
         self.workers, self.quiet, self.extra, self.owner = workers, quiet, extra, workspace_owner
+        self.replace_template = replace_template  # SIGKILL the first template: the attempts meet its replacement
         self.parent = parent or ("/var/tmp" if os.path.isdir("/var/tmp") else None)
         self.host_rows: list[Row] = []
 
@@ -865,6 +867,18 @@ class Target:
                 time.sleep(0.02)
             self.client = _Client(endpoint)
             first = self.client.wait(self.client.send("hold", {"seconds": 0.0}), START_TIMEOUT)
+            if self.replace_template:
+                old = psutil.Process(self.proc.pid).children()[0]
+                old.kill()
+                replaced_by = time.monotonic() + START_TIMEOUT
+                while True:  # a call may still meet the old template's workers, or none: until one works
+                    first = self.client.wait(self.client.send("hold", {"seconds": 0.0}), START_TIMEOUT)
+                    kids = [c.pid for c in psutil.Process(self.proc.pid).children()]
+                    if first.ok and kids and old.pid not in kids:
+                        break
+                    if time.monotonic() > replaced_by:
+                        raise RuntimeError("the killed template was not replaced")
+                    time.sleep(0.05)
             tree = psutil.Process(self.proc.pid).children()
             template = tree[0].pid if tree else 0
             self.ours = (first.executor or "?", f"-{template}-")  # in the names of its control groups

@@ -1,9 +1,11 @@
 """The template process and the workers it forks. Everything here runs tool code or is one fork away
 from it; the supervisor (``executor.supervisor``) never does.
 
-The **template** is forked by the supervisor before it opens any ZeroMQ socket. It imports the tool
-modules once, reports the tool specs, and then forks a **worker** whenever the supervisor asks, so a
-replacement worker is ready in milliseconds with the tools already imported. The template is a
+The **template** is forked by the supervisor before it opens any ZeroMQ socket or reads a key or a
+call; one that replaces a dead template is a fresh interpreter (``executor.template``), never a fork
+of the supervisor's memory. It imports the tool modules once, reports the tool specs, and then forks
+a **worker** whenever the supervisor asks, so a replacement worker is ready in milliseconds with the
+tools already imported. The template is a
 child subreaper: when a worker dies, whatever it left behind is reparented to the template, which
 kills it. It reports every worker's exit status to the supervisor.
 
@@ -73,7 +75,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """What the template needs to make workers: set once by the supervisor when it forks it."""
+    """What the template needs to make workers: given by the supervisor when it starts it (in memory
+    to the first, forked, template; as a ``Configure`` message to one started afresh)."""
 
     targets: list[str]
     limits: Limits
@@ -81,6 +84,16 @@ class WorkerConfig:
     use_cgroups: bool = True
     reuse: bool = False  # --reuse-workers: a worker runs many calls (trusted tools only)
     pass_env: list[str] = field(default_factory=list)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"targets": list(self.targets), "limits": self.limits.model_dump(), "name": self.name,
+                "use_cgroups": self.use_cgroups, "reuse": self.reuse, "pass_env": list(self.pass_env)}
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> WorkerConfig:
+        return cls(targets=[str(t) for t in obj["targets"]], limits=Limits.model_validate(obj["limits"]),
+                   name=str(obj["name"]), use_cgroups=bool(obj["use_cgroups"]), reuse=bool(obj["reuse"]),
+                   pass_env=[str(n) for n in obj["pass_env"]])
 
 
 def reply_cap(limits: Limits) -> int:

@@ -405,6 +405,23 @@ def test_the_call_after_a_template_kill_succeeds(executor: LocalExecutor, client
     assert not lost, f"{len(lost)} of {rounds} innocent calls sent right after the attack failed: {lost[0]}"
 
 
+def test_a_replaced_template_holds_nothing_of_the_supervisors_memory(make_client: Callable[..., ExecutorClient]) -> None:
+    """Another client's calls pass through the supervisor, whose freed memory still holds them. A
+    tool kills the template; had the replacement been forked from the supervisor, as before, the next
+    worker would find every one of them in its own address space (5 of 5 here). It is a fresh
+    interpreter: none is there."""
+    victim = make_client(tools=[ATTACKS], timeout=TIMEOUT)
+    halves = [[f"VICTIM{uuid.uuid4().hex[:8]}", f"{uuid.uuid4().hex}END"] for _ in range(5)]
+    for a, b in halves:
+        assert victim.call(Call(tool="echo", args=[a + b])).value == a + b
+    r = victim.call(Call(tool="kill_template"))
+    assert r.ok or (r.error is not None and r.error.kind == "crashed"), r
+    found = victim.call(Call(tool="secrets_in_memory", kwargs={"halves": halves}))
+    assert found.ok, found.error
+    assert found.value["memory"] == [], f"a worker of the new template holds another client's calls: {found.value}"
+    assert int(victim.call(Call(tool="whoami")).value["ppid"]) != r.value
+
+
 @pytest.mark.parametrize("tool", ["stop_template", "stop_the_rest"])
 def test_a_stopped_template_is_replaced_and_calls_are_answered_within_a_bound(
     executor: LocalExecutor, client: ExecutorClient, tool: str

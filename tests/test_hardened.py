@@ -50,6 +50,17 @@ def test_escape_is_denied(target: selfcheck.Target, attempt: selfcheck.Attempt) 
     assert row.ok, f"{attempt.layer}: {attempt.name}: expected {attempt.expected}, observed {row.observed}"
 
 
+@pytest.mark.parametrize("rw", [False, True], ids=["read-only", "workspace-rw"])
+def test_a_replaced_template_denies_every_escape_as_the_first_did(rw: bool) -> None:
+    """A template that died is replaced by a fresh interpreter (never a fork of the supervisor's
+    memory), which rebuilds the sandbox from what the supervisor sends it: its workers must deny
+    every attempt the first template's workers deny, and leave nothing on the host."""
+    with selfcheck.Target(workers=2, extra=selfcheck.RW_EXTRA if rw else (), replace_template=True) as t:
+        rows = [t.attempt(a) for a in selfcheck.attempts(workspace_rw=rw)]
+    failed = [f"{r.layer}: {r.attempt}: {r.observed}" for r in rows + t.host_rows if not r.ok]
+    assert not failed, "\n".join(failed)
+
+
 def test_nothing_is_left_on_the_host_after_the_executor_exits() -> None:
     """Processes, files in /dev/shm, control groups and mounts of a hardened executor whose calls
     forked, daemonized, filled /dev/shm and hit the memory limit: all gone once it stopped."""

@@ -1,0 +1,50 @@
+"""Entry of a template started afresh: ``python -m executor.template CHANNEL_FD SUPERVISOR_PID``.
+
+The first template is forked from the supervisor before it has read a key or a call. A template
+that replaces a dead or wedged one is not: by then the supervisor's memory holds other clients'
+calls and results (freed, not overwritten) and its CurveZMQ keys, and every worker forked from a
+fork of it could read them in its own address space. So the supervisor forks only to exec this
+module: a new interpreter whose memory never held any of it. It reads its configuration
+(``Configure``) from the channel and goes on as the first template did (``template_main``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+
+from executor import framing, hardening
+from executor.channel import ChannelError, Configure
+from executor.privacy import not_dumpable, scrub_initial_environment
+from executor.worker import PR_SET_PDEATHSIG, WorkerConfig, _prctl, template_main
+
+CONFIGURE_TIMEOUT = 10.0  # seconds to wait for the supervisor's Configure (it sends it right after the fork)
+
+
+def main(argv: list[str]) -> None:
+    fd, supervisor = int(argv[0]), int(argv[1])
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != supervisor:  # it died before we could ask to die with it
+        os._exit(1)
+    not_dumpable()  # exec made us dumpable again: no ptrace or /proc/PID/mem of us by a tool of our user
+    scrub_initial_environment()
+    chan = socket.socket(fileno=fd)
+    chan.settimeout(CONFIGURE_TIMEOUT)
+    try:
+        config = Configure.from_wire(framing.recv(chan))
+    except (EOFError, OSError, framing.FrameError, ChannelError) as e:
+        print(f"ciayn-executor: template: no configuration from the supervisor ({e})", file=sys.stderr)
+        os._exit(1)
+    chan.settimeout(None)
+    logging.basicConfig(stream=sys.stderr, level=config.log_level,
+                        format=f"%(asctime)s ciayn-executor[{os.getpid()}] %(levelname)s %(message)s")
+    if config.hardened is not None:
+        hardening.restore(config.hardened)
+    template_main(chan, WorkerConfig.from_wire(config.worker))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
