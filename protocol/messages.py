@@ -260,7 +260,7 @@ class ToolStats(Body):
     """Calls of one tool answered so far. ``buckets`` counts calls by wall time, cumulative, one per
     bound of ``LATENCY_BUCKETS`` (the last, +Inf, equals ``calls``)."""
 
-    name: str = Field(description="the tool's name")
+    name: str = Field(max_length=MAX_NAME_CHARS, description="the tool's name")
     calls: int = Field(default=0, description="calls answered")
     errors: int = Field(default=0, description="of which not ok")
     wall_s_sum: float = Field(default=0.0, description="their wall-clock seconds, summed")
@@ -277,7 +277,8 @@ class ExecutorStatus(Body):
 
     executor: str = Field(description="the executor's id")
     incarnation: int = Field(default=0, description="as in welcome")
-    tools: list[str] = Field(default_factory=list, description="names of the tools it serves")
+    tools: list[Annotated[str, Field(max_length=MAX_NAME_CHARS)]] = Field(
+        default_factory=list, description="names of the tools it serves, each of at most 256 characters")
     capacity: int = Field(default=0, description="calls it runs at once")
     busy: int = Field(default=0, description="calls running")
     queued: int = Field(default=0, description="calls waiting")

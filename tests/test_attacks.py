@@ -405,7 +405,9 @@ def test_the_call_after_a_template_kill_succeeds(executor: LocalExecutor, client
     assert not lost, f"{len(lost)} of {rounds} innocent calls sent right after the attack failed: {lost[0]}"
 
 
-def test_a_replaced_template_holds_nothing_of_the_supervisors_memory(make_client: Callable[..., ExecutorClient]) -> None:
+def test_a_replaced_template_holds_nothing_of_the_supervisors_memory(
+    make_client: Callable[..., ExecutorClient],
+) -> None:
     """Another client's calls pass through the supervisor, whose freed memory still holds them. A
     tool kills the template; had the replacement been forked from the supervisor, as before, the next
     worker would find every one of them in its own address space (5 of 5 here). It is a fresh

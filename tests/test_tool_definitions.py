@@ -45,14 +45,16 @@ def test_a_tool_name_a_call_could_not_carry_is_refused_at_load(tmp_path: Path, n
     """A call names its tool in 1 to 256 characters; a tool named otherwise could never be called
     (an empty name means the function's own)."""
     module = tmp_path / "named_tools.py"
-    module.write_text(f"from executor import tool\n\n@tool(name={name})\ndef f() -> int:\n    \"\"\"F.\"\"\"\n    return 1\n")
+    module.write_text(f"from executor import tool\n\n@tool(name={name})\n"
+                      "def f() -> int:\n    \"\"\"F.\"\"\"\n    return 1\n")
     with pytest.raises(RegistryError, match=rf"its name must be a string of 1 to 256 characters.*not {shown}"):
         load_tools([str(module)])
 
 
 def test_a_parameter_name_over_256_characters_is_refused_at_load(tmp_path: Path) -> None:
     module = tmp_path / "long_param_tools.py"
-    module.write_text(f"from executor import tool\n\n@tool\ndef f({'p' * 300}: int) -> int:\n    \"\"\"F.\"\"\"\n    return 1\n")
+    module.write_text(f"from executor import tool\n\n@tool\ndef f({'p' * 300}: int) -> int:\n"
+                      "    \"\"\"F.\"\"\"\n    return 1\n")
     with pytest.raises(RegistryError, match=r"tool 'f': parameter name p+\.\.\. is longer than 256 characters"):
         load_tools([str(module)])
 
