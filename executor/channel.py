@@ -70,20 +70,23 @@ class Spawn(_Message):
 @dataclass(frozen=True)
 class Configure(_Message):
     """Supervisor -> a template started afresh (``executor.template``), first and once: what it needs
-    to make workers (``WorkerConfig.to_wire``), the hardened profile (``hardening.export``, or None)
-    and the log level."""
+    to make workers (``WorkerConfig.to_wire``), the hardened profile (``hardening.export``, or None),
+    the log level, and the supervisor's ``sys.path``, which the first template inherited (the new one
+    starts with ``-P``: never with its working directory, the workspace, on its path)."""
 
     OP: ClassVar[str] = "configure"
     worker: dict[str, Any]
     hardened: dict[str, Any] | None = None
     log_level: str = "INFO"
+    sys_path: list[str] = field(default_factory=list)
 
     @classmethod
     def from_wire(cls, obj: Any) -> Configure:
         if not isinstance(obj, dict) or obj.get("op") != cls.OP:
             raise ChannelError("not a configure message")
         return cls(worker=_field(obj, "worker", dict), hardened=_field(obj, "hardened", (dict, type(None)), None),
-                   log_level=_field(obj, "log_level", str, "INFO"))
+                   log_level=_field(obj, "log_level", str, "INFO"),
+                   sys_path=[str(p) for p in _field(obj, "sys_path", list, [])])
 
 
 @dataclass(frozen=True)

@@ -176,7 +176,8 @@ class WorkerPool:
         ours.settimeout(TEMPLATE_START_TIMEOUT)
         if fresh:
             configure = Configure(worker=self.config.to_wire(), hardened=hardening.export(),
-                                  log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()))
+                                  log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+                                  sys_path=list(sys.path))
             with contextlib.suppress(OSError):  # it died at once: its EOF is reported below
                 framing.send(ours, configure.to_wire())
         try:
@@ -733,16 +734,19 @@ class WorkerPool:
 
 
 def _exec_template(chan: socket.socket, supervisor: int) -> NoReturn:
-    """In the child forked to be a fresh template: become ``python -m executor.template``, keeping
-    only the standard descriptors and ``chan``."""
+    """In the child forked to be a fresh template: become ``python -P -m executor.template``, keeping
+    only the standard descriptors and ``chan``. ``-P``: our working directory is the workspace, which
+    tools may write; on the new interpreter's path, a file there named like a module it imports would
+    run in the template, outside any sandbox. It finds ``executor`` through PYTHONPATH, and then takes
+    our ``sys.path`` from ``Configure``."""
     try:
         close_fds_except(0, 1, 2, chan.fileno())
         os.set_inheritable(chan.fileno(), True)
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(framing.__file__)))  # where `executor` is
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-        os.execve(sys.executable, [sys.executable, "-m", "executor.template", str(chan.fileno()), str(supervisor)],
-                  env)
+        os.execve(sys.executable,
+                  [sys.executable, "-P", "-m", "executor.template", str(chan.fileno()), str(supervisor)], env)
     finally:
         os._exit(127)
 

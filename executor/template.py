@@ -1,4 +1,4 @@
-"""Entry of a template started afresh: ``python -m executor.template CHANNEL_FD SUPERVISOR_PID``.
+"""Entry of a template started afresh: ``python -P -m executor.template CHANNEL_FD SUPERVISOR_PID``.
 
 The first template is forked from the supervisor before it has read a key or a call. A template
 that replaces a dead or wedged one is not: by then the supervisor's memory holds other clients'
@@ -39,6 +39,8 @@ def main(argv: list[str]) -> None:
         print(f"ciayn-executor: template: no configuration from the supervisor ({e})", file=sys.stderr)
         os._exit(1)
     chan.settimeout(None)
+    if config.sys_path:
+        sys.path[:] = config.sys_path  # the first template's, for the tools it imports
     logging.basicConfig(stream=sys.stderr, level=config.log_level,
                         format=f"%(asctime)s ciayn-executor[{os.getpid()}] %(levelname)s %(message)s")
     if config.hardened is not None:

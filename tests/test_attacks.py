@@ -424,6 +424,34 @@ def test_a_replaced_template_holds_nothing_of_the_supervisors_memory(
     assert int(victim.call(Call(tool="whoami")).value["ppid"]) != r.value
 
 
+SHADOW_MSGPACK = """import os, sys, importlib
+with open({marker!r}, "w") as f:
+    f.write(str(os.getpid()))
+del sys.modules["msgpack"]
+sys.path[:] = [p for p in sys.path if p not in ("", {workspace!r})]
+globals().update(importlib.import_module("msgpack").__dict__)
+"""
+
+
+def test_a_module_left_in_the_workspace_never_runs_in_a_replacement_template(
+    make_client: Callable[..., ExecutorClient], tmp_path: Path,
+) -> None:
+    """The executor works in its workspace, which tools may write. A replacement template is a new
+    interpreter started there: with its working directory on its path (as ``python -m`` puts it), a
+    file named like a module it imports (msgpack.py, left by an earlier call) ran in the template,
+    outside any sandbox. It starts with ``-P`` and the first template's path."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    marker = tmp_path / "shadow-ran"
+    (workspace / "msgpack.py").write_text(SHADOW_MSGPACK.format(marker=str(marker), workspace=str(workspace)))
+    client = make_client(tools=[ATTACKS], timeout=TIMEOUT, workspace=str(workspace))
+    r = client.call(Call(tool="kill_template"))
+    assert r.ok or (r.error is not None and r.error.kind == "crashed"), r
+    after = client.call(Call(tool="whoami"))
+    assert after.ok and after.value["ppid"] != r.value, after
+    assert not marker.exists(), f"msgpack.py from the workspace ran in process {marker.read_text()}"
+
+
 @pytest.mark.parametrize("tool", ["stop_template", "stop_the_rest"])
 def test_a_stopped_template_is_replaced_and_calls_are_answered_within_a_bound(
     executor: LocalExecutor, client: ExecutorClient, tool: str
