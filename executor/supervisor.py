@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import time
 import uuid
 from typing import Any
@@ -52,6 +53,16 @@ from protocol.wire import LogBudget
 log = logging.getLogger("ciayn-executor")
 
 __all__ = ["StartupError", "Supervisor"]
+
+
+def _never_import_from(workspace: str) -> None:
+    """Take the workspace (our working directory: the one given, or the one we were started in) off
+    ``sys.path``: tools may write there, and a file named like a module that we, a template or a
+    tool module import later would run in that process, outside any sandbox. ``python -m`` put the
+    start directory first on the path. Tool modules in the workspace are loaded by their path
+    (``--tools ./tools.py``), never found there by name."""
+    here = os.path.realpath(workspace)
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]
 
 
 class Supervisor:
@@ -111,6 +122,7 @@ class Supervisor:
         if self.workspace:
             os.environ["CIAYN_WORKSPACE"] = os.path.abspath(self.workspace)
             os.chdir(self.workspace)
+        _never_import_from(os.getcwd())
         side = BrokerLink if self.connect else RouterEndpoint
         curve = bool(self.curve_server_key if self.connect else self.curve_secret)
         try:  # before the template: fail fast
