@@ -126,7 +126,8 @@ def tools_of(module: Any) -> list[Tool]:
         try:
             spec = ToolSpec.from_function(obj, name=tool_name, **flags)
         except ToolDefinitionError as e:
-            raise RegistryError(f"{e} (in {where}); fix the annotation or import the type") from None
+            hint = "" if "cannot be announced" in str(e) else "; fix the annotation or import the type"
+            raise RegistryError(f"{e} (in {where}){hint}") from None
         if not spec.doc:
             log.warning("tool %s (%s) has no docstring: the model sees only its signature; "
                         "add one that says what it does and returns", tool_name, where)

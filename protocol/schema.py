@@ -88,7 +88,8 @@ _MEANINGS: dict[str, dict[str, str]] = {
         "name": "the tool's name, as calls give it",
         "signature": "the parameter list as Python's inspect.signature prints it, e.g. (path: str, start: int = 0)",
         "doc": "the tool's docstring (\"\" when it has none)",
-        "parameters": "JSON Schema (an object schema) of the named parameters, for models with tool calling",
+        "parameters": "JSON Schema (an object schema) of the named parameters, for models with tool calling; "
+                      "at most 65536 bytes encoded, 32 levels deep, keys of at most 256 chars",
         "params": "the parameters in order: what binding arguments to them needs",
         "bundleable": "calls of it may be sent together with others in one model turn",
         "no_repeat": "the controller refuses a second call with the same arguments in one run",

@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, field_validator
 
 ParamKind = Literal["positional_only", "positional_or_keyword", "var_positional", "keyword_only", "var_keyword"]
 _KINDS: dict[Any, ParamKind] = {
@@ -25,6 +25,12 @@ _KINDS: dict[Any, ParamKind] = {
 NO_DOC = ""  # a tool without a docstring: the prompt shows its signature alone (the registry warns)
 MAX_SHOWN_VALUE_CHARS = 60  # of a refused argument value, in a bad-arguments message
 MAX_NAME_CHARS = 256  # tool, parameter, client, executor and profile names
+# What a tool's spec may take of every prompt it goes into (CIAYN's tool list, ReAct's tool schema):
+# a hostile executor or broker announcing its tools must not fill the model's context.
+MAX_SIGNATURE_CHARS = 4096
+MAX_DOC_CHARS = 32768
+MAX_SCHEMA_BYTES = 65536  # the parameters' JSON Schema, encoded
+MAX_SCHEMA_DEPTH = 32
 
 
 class BindError(ValueError):
@@ -48,8 +54,8 @@ class ToolSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)  # as a call's ``tool`` may be
-    signature: str
-    doc: str = NO_DOC
+    signature: str = Field(max_length=MAX_SIGNATURE_CHARS)
+    doc: str = Field(default=NO_DOC, max_length=MAX_DOC_CHARS)
     parameters: dict[str, Any] = Field(default_factory=dict)  # JSON Schema of the arguments
     params: list[Param] = Field(default_factory=list)
     bundleable: bool = False
@@ -59,6 +65,16 @@ class ToolSpec(BaseModel):
     # Checks argument values against the function's annotations. Set by ``from_function`` (where the
     # function is at hand: the executor), never sent: a spec decoded from the wire binds by name only.
     _arguments: Any = PrivateAttr(default=None)
+
+    @field_validator("parameters")
+    @classmethod
+    def _bounded_schema(cls, schema: dict[str, Any]) -> dict[str, Any]:
+        """At most MAX_SCHEMA_BYTES encoded, MAX_SCHEMA_DEPTH deep, every key a name's length."""
+        _check_schema(schema, 0)
+        size = len(json.dumps(schema, default=str))
+        if size > MAX_SCHEMA_BYTES:
+            raise ValueError(f"the parameters' schema takes {size} bytes, over {MAX_SCHEMA_BYTES}")
+        return schema
 
     @classmethod
     def from_function(
@@ -85,17 +101,21 @@ class ToolSpec(BaseModel):
             if p.kind.startswith("var_"):
                 p.required = False
         model = _arguments_model(fn.__name__, sig)
-        spec = cls(
-            name=tool_name,
-            signature=str(sig),
-            doc=inspect.getdoc(fn) or NO_DOC,
-            parameters=_json_schema(sig, model),
-            params=params,
-            bundleable=bundleable,
-            no_repeat=no_repeat,
-            idempotent=idempotent,
-            timeout=timeout,
-        )
+        try:
+            spec = cls(
+                name=tool_name,
+                signature=str(sig),
+                doc=inspect.getdoc(fn) or NO_DOC,
+                parameters=_json_schema(sig, model),
+                params=params,
+                bundleable=bundleable,
+                no_repeat=no_repeat,
+                idempotent=idempotent,
+                timeout=timeout,
+            )
+        except ValidationError as e:
+            problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+            raise ToolDefinitionError(f"tool {tool_name!r} cannot be announced: {problems}") from None
         spec._arguments = model
         return spec
 
@@ -226,6 +246,19 @@ def _arguments_model(fn_name: str, sig: inspect.Signature) -> Any:
     except Exception:
         return None
     return model
+
+
+def _check_schema(node: Any, depth: int) -> None:
+    if depth > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"the parameters' schema is nested deeper than {MAX_SCHEMA_DEPTH}")
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if not isinstance(key, str) or len(key) > MAX_NAME_CHARS:
+                raise ValueError(f"the parameters' schema has a key of over {MAX_NAME_CHARS} characters")
+            _check_schema(value, depth + 1)
+    elif isinstance(node, list):
+        for value in node:
+            _check_schema(value, depth + 1)
 
 
 def _json_schema(sig: inspect.Signature, model: Any) -> dict[str, Any]:

@@ -59,6 +59,16 @@ def test_a_parameter_name_over_256_characters_is_refused_at_load(tmp_path: Path)
         load_tools([str(module)])
 
 
+def test_a_docstring_too_long_for_every_prompt_is_refused_at_load(tmp_path: Path) -> None:
+    """A tool's spec goes into every prompt: a docstring over 32768 characters is refused, naming the
+    tool and the field, not cut silently."""
+    module = tmp_path / "long_doc_tools.py"
+    module.write_text(f"from executor import tool\n\n@tool\ndef f() -> int:\n    \"\"\"{'d' * 40_000}\"\"\"\n"
+                      "    return 1\n")
+    with pytest.raises(RegistryError, match=r"tool 'f' cannot be announced: doc: String should have at most 32768"):
+        load_tools([str(module)])
+
+
 def test_a_tool_without_a_docstring_loads_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     module = tmp_path / "nodoc_tools.py"
     module.write_text("from executor import tool\n\n@tool\ndef bare(x: int) -> int:\n    return x\n")
