@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from protocol.spec import MAX_NAME_CHARS, ToolSpec
 from protocol.values import INT_MAX
@@ -93,21 +93,60 @@ class Call(Body):
                                   "is answered bad_arguments")
 
 
+MAX_ERROR_MESSAGE_CHARS = 16384
+MAX_TRACEBACK_CHARS = 65536
+MAX_SIGNAL_MESSAGE_CHARS = 16384
+
+
+def _cut_text(value: Any, limit: int) -> Any:
+    """Cut a longer text to ``limit`` characters, with a note saying how much was cut: an error or a
+    signal text goes into a model's context, and one from a hostile executor or broker must not fill
+    it (ours are far shorter). Never refuses: an answer is not lost for its length."""
+    if isinstance(value, str) and len(value) > limit:
+        kept = limit - 64  # room for the note
+        return f"{value[:kept]} [... {len(value) - kept} more characters cut]"
+    return value
+
+
 class ErrorInfo(Body):
     """Why a call failed (or a message was refused)."""
 
     kind: ErrorKind = Field(description="one of the error kinds")
-    message: str = Field(description="what happened, for the reader who acts on it")
-    type: str | None = Field(default=None, description="the exception's type, for tool_error")
-    traceback: str | None = Field(default=None, description="the tool's traceback, for tool_error")
+    message: str = Field(description="what happened, for the reader who acts on it; a longer one is cut to "
+                         f"{MAX_ERROR_MESSAGE_CHARS} characters with a note")
+    type: str | None = Field(default=None, description="the exception's type, for tool_error; a longer one is cut "
+                             f"to {MAX_NAME_CHARS} characters with a note")
+    traceback: str | None = Field(default=None, description="the tool's traceback, for tool_error; a longer one "
+                                  f"is cut to {MAX_TRACEBACK_CHARS} characters with a note")
     signal: int | None = Field(default=None, description="the signal that killed the worker, for crashed")
+
+    @field_validator("message", mode="before")
+    @classmethod
+    def _cut_message(cls, value: Any) -> Any:
+        return _cut_text(value, MAX_ERROR_MESSAGE_CHARS)
+
+    @field_validator("traceback", mode="before")
+    @classmethod
+    def _cut_traceback(cls, value: Any) -> Any:
+        return _cut_text(value, MAX_TRACEBACK_CHARS)
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _cut_type(cls, value: Any) -> Any:
+        return _cut_text(value, MAX_NAME_CHARS)
 
 
 class Signal(Body):
     """Something a tool reported to the controller through ``executor.signals``."""
 
     kind: SignalKind = Field(description="complete: the agent's task is done; exit: stop; note: remark")
-    message: str = Field(default="", description="the tool's text")
+    message: str = Field(default="", description="the tool's text; a longer one is cut to "
+                         f"{MAX_SIGNAL_MESSAGE_CHARS} characters with a note")
+
+    @field_validator("message", mode="before")
+    @classmethod
+    def _cut_message(cls, value: Any) -> Any:
+        return _cut_text(value, MAX_SIGNAL_MESSAGE_CHARS)
 
 
 class WorkerInfo(Body):

@@ -6,6 +6,7 @@ ROUTER socket in a thread that speaks just enough ``ciayn/1`` to be believed."""
 from __future__ import annotations
 
 import math
+import re
 import threading
 import time
 import uuid
@@ -135,6 +136,26 @@ def test_a_result_built_to_cost_work_is_refused_quickly_and_the_client_goes_on(
     assert "could not be read" in result.error.message and took < 2.0
     fine, took = _timed(client, Call(tool="t", args=["fine"]), timeout=20)
     assert fine.ok and fine.value == "fine" and took < 2.0
+
+
+def test_error_and_signal_texts_from_a_server_arrive_cut_with_a_note(hostile: Callable[..., ExecutorClient]) -> None:
+    """A result whose error message, traceback and signal text are a megabyte each (all of them go
+    into the model's context) is read, cut to its bounds with a note saying how much was cut."""
+    def answer(call: Call) -> list[list[bytes]]:
+        body = {"id": call.id, "ok": False, "signals": [{"kind": "note", "message": "s" * 1_000_000}],
+                "error": {"kind": "tool_error", "message": "m" * 1_000_000, "type": "T" * 1_000_000,
+                          "traceback": "t" * 1_000_000}}
+        return [[VERSION, b"result", msgpack.packb(body)]]
+
+    client = hostile(on_call=answer)
+    result = client.call(Call(tool="t"), timeout=20)
+    assert result.error is not None and result.error.kind == "tool_error", result.error
+    error, note = result.error, r"\[\.\.\. \d+ more characters cut\]$"
+    assert len(error.message) <= 16384 and re.search(note, error.message), error.message[-80:]
+    assert error.traceback is not None and len(error.traceback) <= 65536 and re.search(note, error.traceback)
+    assert error.type is not None and len(error.type) <= 256 and re.search(note, error.type)
+    assert len(result.signals[0].message) <= 16384 and re.search(note, result.signals[0].message)
+    assert error.message.startswith("m" * 16000)
 
 
 def test_a_welcome_with_invalid_limits_is_not_believed(hostile: Callable[..., ExecutorClient]) -> None:
