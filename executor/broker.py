@@ -72,6 +72,7 @@ from protocol import (
     Welcome,
     encode,
 )
+from protocol.spec import MAX_TOOLS
 from protocol.timing import HEARTBEAT_INTERVAL, PEER_EXPIRY, RECOVERY_WINDOW
 from protocol.wire import LogBudget
 
@@ -623,6 +624,9 @@ class Broker:
             if owner is not None and theirs != spec:
                 return (f"its tool {spec.name!r} differs from the one executor {owner.id} serves "
                         "(signature, documentation or flags); one pool serves one version of each tool")
+        total = len(served.keys() | {spec.name for spec in ready.tools})
+        if total > MAX_TOOLS:
+            return f"with its tools the pool would serve {total}, over the {MAX_TOOLS} one welcome may list"
         return ""
 
     def _member_by_id(self, executor: str) -> Member | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from protocol import ToolSpec, ValueRefused, check_value
-from protocol.spec import MAX_NAME_CHARS, ToolDefinitionError
+from protocol.spec import MAX_NAME_CHARS, MAX_TOOLS, ToolDefinitionError
 
 log = logging.getLogger("ciayn.executor.registry")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -153,4 +153,7 @@ def load_tools(targets: Iterable[str]) -> dict[str, Tool]:
             registry[t.spec.name] = t
     if not registry:
         raise RegistryError("no tools found: mark functions with @executor.tool or list them in __all__")
+    if len(registry) > MAX_TOOLS:
+        raise RegistryError(f"{len(registry)} tools found; an executor serves at most {MAX_TOOLS} (each goes into "
+                            "every prompt): load fewer modules")
     return registry

@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from protocol.spec import MAX_NAME_CHARS, ToolSpec
+from protocol.spec import MAX_NAME_CHARS, MAX_TOOLS, ToolSpec
 from protocol.values import INT_MAX
 
 ErrorKind = Literal[
@@ -214,7 +214,7 @@ class Welcome(Body):
     KIND: ClassVar[str] = "welcome"
     executor: str = Field(max_length=MAX_NAME_CHARS, description="the executor's id")
     incarnation: int = Field(description="changes when the executor restarts (calls in flight may be lost)")
-    tools: list[ToolSpec] = Field(description="the tools it serves")
+    tools: list[ToolSpec] = Field(max_length=MAX_TOOLS, description="the tools it serves")
     limits: Limits = Field(description="the default limits of a call")
     workers: int = Field(default=1, description="calls it runs at once")
     profile: str = Field(default="default", max_length=MAX_NAME_CHARS, description="its isolation profile")
@@ -258,7 +258,7 @@ class Ready(Body):
     KIND: ClassVar[str] = "ready"
     executor: str = Field(max_length=MAX_NAME_CHARS, description="the executor's id")
     incarnation: int = Field(description="as in welcome")
-    tools: list[ToolSpec] = Field(description="the tools it serves")
+    tools: list[ToolSpec] = Field(max_length=MAX_TOOLS, description="the tools it serves")
     limits: Limits = Field(description="the default limits of a call")
     capacity: int = Field(default=1, ge=1, le=4096, description="calls it runs at once (its workers)")
     profile: str = Field(default="default", max_length=MAX_NAME_CHARS, description="its isolation profile")

@@ -31,6 +31,7 @@ MAX_SIGNATURE_CHARS = 4096
 MAX_DOC_CHARS = 32768
 MAX_SCHEMA_BYTES = 65536  # the parameters' JSON Schema, encoded
 MAX_SCHEMA_DEPTH = 32
+MAX_TOOLS = 1024  # tools an executor, or a whole pool behind a broker, serves
 
 
 class BindError(ValueError):

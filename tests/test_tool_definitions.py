@@ -69,6 +69,14 @@ def test_a_docstring_too_long_for_every_prompt_is_refused_at_load(tmp_path: Path
         load_tools([str(module)])
 
 
+def test_more_tools_than_an_executor_serves_are_refused_at_load(tmp_path: Path) -> None:
+    module = tmp_path / "many_tools.py"
+    module.write_text("from executor import tool\n\n" + "".join(
+        f"@tool\ndef f{i}() -> int:\n    \"\"\"F.\"\"\"\n    return {i}\n\n" for i in range(1025)))
+    with pytest.raises(RegistryError, match=r"1025 tools found; an executor serves at most 1024"):
+        load_tools([str(module)])
+
+
 def test_a_tool_without_a_docstring_loads_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     module = tmp_path / "nodoc_tools.py"
     module.write_text("from executor import tool\n\n@tool\ndef bare(x: int) -> int:\n    return x\n")

@@ -172,6 +172,13 @@ def test_a_welcome_naming_a_tool_no_call_could_name_is_not_believed(hostile: Cal
         hostile(tools=[{**_tool(), "name": "t" * 100_000}])
 
 
+def test_a_welcome_listing_more_tools_than_a_prompt_can_hold_is_not_believed(
+    hostile: Callable[..., ExecutorClient],
+) -> None:
+    with pytest.raises(ExecutorUnavailable, match=r"a welcome this client cannot use: invalid welcome message: tools"):
+        hostile(tools=[_tool(name=f"t{i}") for i in range(1025)])
+
+
 def test_the_hostile_server_speaks_valid_ciayn(hostile: Callable[..., ExecutorClient]) -> None:
     """The fixture itself: a plain welcome is understood, so the findings above are the client's."""
     client = hostile(tools=[_tool(timeout=2.0)], limits={"timeout_s": 3.0})

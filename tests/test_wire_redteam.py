@@ -23,6 +23,7 @@ import zmq
 from controller import ExecutorClient
 from protocol import VERSION, Call, Hello, Ping, Pong, Result, decode, encode
 from protocol.wire import LOG_BURST
+from tests.pool import wait_until
 
 Handler = Callable[[bytes, Any], list[list[bytes]]]
 
@@ -473,22 +474,61 @@ def test_a_client_pushing_large_calls_cannot_fill_the_executors_memory(
         ctx.term()
 
 
-def test_an_executor_announcing_thousands_of_tools_does_not_stall_the_broker(tmp_path: Path) -> None:
-    """Attack (a hostile executor on the broker's backend): two executors each announce the same
-    12,000 tools (a ``ready`` of 300 KB, well within the budget). Checking the second against the
-    first compared each tool with a linear search of the other's tools: quadratic, so the broker's
-    loop stalled for 10-20 s (15,000 tools: 21.8 s, answering no client meanwhile), and again at
-    every re-announcement. Now a client's ``status`` is answered within a few seconds."""
-    from protocol import Limits, Ready, Report, Status, ToolSpec
+def test_a_pool_never_grows_past_the_tools_a_welcome_may_list(tmp_path: Path) -> None:
+    """Two executors with 600 different tools each: together over the 1024 a welcome may list (the
+    broker's welcome would no longer be valid). The second is refused, told why."""
+    from protocol import Bye, Heartbeat, Limits, Ready, ToolSpec
     from tests.pool import Pool
 
     pool = Pool(tmp_path)
     ctx = zmq.Context()
     try:
         pool.start_broker()
-        tools = [ToolSpec(name=f"t{i}", signature="()") for i in range(12_000)]
+        socks = []
+        for k in range(2):
+            sock = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(pool.backend)
+            tools = [ToolSpec(name=f"e{k}-t{i}", signature="()") for i in range(600)]
+            sock.send_multipart(encode(Ready(executor=f"e{k}", incarnation=1, tools=tools, limits=Limits())))
+            socks.append(sock)
+            if k == 0:  # the broker's first heartbeat to it: it joined
+                assert sock.poll(10_000) and isinstance(decode(sock.recv_multipart()), Heartbeat)
+
+        def bye_to(sock: zmq.Socket[bytes], within: float) -> Bye | None:
+            deadline = time.monotonic() + within
+            while (left := deadline - time.monotonic()) > 0 and sock.poll(int(left * 1000) + 1):
+                msg = decode(sock.recv_multipart())  # heartbeats meanwhile
+                if isinstance(msg, Bye):
+                    return msg
+            return None
+
+        bye = bye_to(socks[1], 10.0)
+        assert bye is not None and bye.refused and "over the 1024" in bye.reason, bye
+        assert bye_to(socks[0], 0.5) is None, "the first executor, within the bound, was sent away"
+    finally:
+        ctx.destroy(0)
+        pool.stop()
+
+
+def test_an_executor_announcing_thousands_of_tools_does_not_stall_the_broker(tmp_path: Path) -> None:
+    """Attack (a hostile executor on the broker's backend): two executors each announce the same
+    tools, as many as a ``ready`` may carry (1024), and a third 12,000. Checking the second against
+    the first compared each tool with a linear search of the other's tools: quadratic, so with 12,000
+    tools each the broker's loop stalled for 10-20 s, answering no client meanwhile. Now the check is
+    linear, and a ``ready`` of more than 1024 tools is refused as malformed: the two join, the third
+    does not, and every ``status`` is answered within 5 s."""
+    from protocol import Limits, Ready, Report, Status, ToolSpec
+    from protocol.spec import MAX_TOOLS
+    from tests.pool import Pool
+
+    pool = Pool(tmp_path)
+    ctx = zmq.Context()
+    try:
+        pool.start_broker()
+        tools = [ToolSpec(name=f"t{i}", signature="()") for i in range(MAX_TOOLS)]
         fakes = []
-        for _ in range(2):
+        for _ in range(3):
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(pool.backend)
@@ -499,14 +539,23 @@ def test_an_executor_announcing_thousands_of_tools_does_not_stall_the_broker(tmp
         client.send_multipart(encode(Status()))
         assert client.poll(30_000), "the broker does not answer status"
         client.recv_multipart()
-        for k, sock in enumerate(fakes):
+        for k, sock in enumerate(fakes[:2]):
             sock.send_multipart(encode(Ready(executor=f"evil-{k}", incarnation=1, tools=tools, limits=Limits())))
-        time.sleep(0.5)  # both announcements are on the broker's socket
-        started = time.monotonic()
-        client.send_multipart(encode(Status()))
-        assert client.poll(5_000), f"the broker stalled: still silent after {time.monotonic() - started:.1f} s"
-        report = decode(client.recv_multipart())
-        assert isinstance(report, Report) and len(report.executors) == 2, report
+        too_many = [ToolSpec(name=f"t{i}", signature="()") for i in range(12_000)]
+        fakes[2].send_multipart(encode(Ready.model_construct(executor="evil-2", incarnation=1, tools=too_many,
+                                                             limits=Limits(), capacity=1, held=[],
+                                                             profile="default", apply_grace_s=0.0)))
+
+        def executors() -> int:
+            started = time.monotonic()
+            client.send_multipart(encode(Status()))
+            assert client.poll(5_000), f"the broker stalled: still silent after {time.monotonic() - started:.1f} s"
+            report = decode(client.recv_multipart())
+            assert isinstance(report, Report), report
+            return len(report.executors)
+
+        wait_until("the two executors to join", lambda: executors() == 2, timeout=30)
+        assert executors() == 2, "the executor announcing 12,000 tools joined"
     finally:
         ctx.destroy(0)
         pool.stop()
