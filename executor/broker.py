@@ -48,7 +48,7 @@ from typing import Any, Literal
 
 import zmq
 
-from executor.calls import ANY_DIGEST, MAX_QUEUE_BYTES, RESULT_CACHE_BYTES, AtMostOnce, fingerprint, join
+from executor.calls import MAX_QUEUE_BYTES, RESULT_CACHE_BYTES, AtMostOnce, fingerprint, join
 from executor.endpoint import EndpointError, RouterEndpoint
 from executor.fairqueue import FairQueue
 from executor.journal import Journal
@@ -83,7 +83,6 @@ MAX_HELLOS = 4096  # clients waiting for that answer, at most (one entry per cli
 RUNNING_GRACE = 10.0  # an executor silent about a call this long past its timeout: answered here
 LOCATION_TTL = 120.0  # how long an announced held id routes a resent call to its executor
 MAX_LOCATIONS = 262_144
-UNCLAIMED = b""  # the result cache's owner of answers no client of this run asked for yet
 CLIENT_SHARE = 4  # one client may fill at most 1/CLIENT_SHARE of the queue's bytes
 
 
@@ -637,15 +636,11 @@ class Broker:
         frames = _encode(result)
         job = self.jobs.get(cid)
         if member is None:
-            # A result from an executor we do not know: sent to our previous run (we restarted). It
-            # answers a client that resent the id, if one did; otherwise it waits in the cache.
+            # From a connection that has not announced itself: an executor of our previous run (we
+            # restarted), or anyone who can reach the backend. Not believed: anyone could answer any id
+            # so. A real executor announces itself again when told, with the calls it holds in its
+            # ``held``, and a client's resend of such an id goes to it and is answered from its cache.
             self._send_backend(route, Bye(reason="unknown executor; announce again"))
-            if job is not None and job.member is None:
-                self.waiting.remove(job)
-                self._finish(job, result, frames)
-            elif job is None:  # its call is unknown here: a resend of that id, whatever its body, gets it
-                self.calls.record(cid, ANY_DIGEST, time.monotonic())
-                self.calls.remember(cid, frames, UNCLAIMED)
             return
         if job is None or job.member is not member:
             log.debug("executor %s answered call %s, which it was not running; ignored", member.id, cid)

@@ -17,8 +17,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import time
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 log = logging.getLogger("ciayn-broker")
 
@@ -33,6 +35,7 @@ class Journal:
         self.ttl = ttl
         self.max_entries = max_entries
         Path(directory).mkdir(mode=0o700, parents=True, exist_ok=True)
+        _check_private(Path(directory))
         earlier = self._load()
         self.previous: dict[str, str] = {cid: ex for cid, (ex, _) in earlier.items()}  # id -> executor
         self.lines = 0
@@ -56,25 +59,27 @@ class Journal:
             except ValueError:
                 continue
             if now - when < self.ttl:
-                sent[cid] = (executor, when)
+                sent[unquote(cid)] = (unquote(executor), when)
         return sent
 
     def _rewrite(self, entries: dict[str, tuple[str, float]]) -> None:
         tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="ascii") as f:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # a leftover, or a link planted there: removed, never followed
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with open(fd, "w", encoding="ascii") as f:
             for cid, (executor, when) in entries.items():
-                f.write(f"{when:.3f} {cid} {executor}\n")
-        os.chmod(tmp, 0o600)
+                f.write(_line(when, cid, executor))
         os.replace(tmp, self.path)
         if self.fd >= 0:
             os.close(self.fd)
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
         self.lines = len(entries)
 
     def record(self, cid: str, executor: str) -> None:
-        """Note that call ``cid`` was sent to ``executor`` (ids and executor ids hold no spaces)."""
+        """Note that call ``cid`` was sent to ``executor``."""
         try:
-            os.write(self.fd, f"{time.time():.3f} {cid} {executor}\n".encode("ascii", errors="replace"))
+            os.write(self.fd, _line(time.time(), cid, executor).encode("ascii"))
         except OSError as e:
             log.error("cannot write the broker journal %s: %s", self.path, e)
             return
@@ -93,3 +98,22 @@ class Journal:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.fd = -1
+
+
+def _line(when: float, cid: str, executor: str) -> str:
+    """One journal line. Ids are chosen by clients and executors: percent-encoded, so a space or a
+    newline in one can never make a field or a line of its own (a forged entry)."""
+    return f"{when:.3f} {quote(cid, safe='')} {quote(executor, safe='')}\n"
+
+
+def _check_private(directory: Path) -> None:
+    """The state directory must be ours and writable by nobody else: whoever can write it could
+    plant links there or entries in the journal. Raises ``OSError`` saying what is wrong."""
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"{directory} is not a directory (a symbolic link?)")
+    if st.st_uid != os.geteuid():
+        raise OSError(f"{directory} belongs to uid {st.st_uid}, not to this broker's ({os.geteuid()})")
+    if st.st_mode & 0o022:
+        raise OSError(f"{directory} has mode {stat.S_IMODE(st.st_mode):o}: others could write in it; "
+                      "use a directory with mode 0700")
