@@ -173,6 +173,7 @@ class Broker:
         self.waiting: FairQueue[Job] = FairQueue()
         self.calls = AtMostOnce(cache_bytes=cache_bytes)  # the ids accepted, and recent answers
         self.locations: collections.OrderedDict[str, tuple[str, float]] = collections.OrderedDict()
+        self.held_by: dict[str, collections.OrderedDict[str, None]] = {}  # executor -> its ids in locations
         self.hellos: list[tuple[bytes, float]] = []  # waiting for the first executor
         self.stats = CallStats()
         self.stopping = False
@@ -299,7 +300,7 @@ class Broker:
         self._expire_running(now)
         self._answer_hellos(now)
         while self.locations and next(iter(self.locations.values()))[1] < now:
-            self.locations.popitem(last=False)
+            self._unlocate(next(iter(self.locations)))
         if self.metrics is not None and self.metrics.due(now):
             self.metrics.publish(self.report(now), now)
 
@@ -403,7 +404,7 @@ class Broker:
                   timeout=self._timeout(call, spec), queued_at=now, key=key, nbytes=nbytes)
         self.jobs[cid] = job
         self.calls.record(cid, key, now)
-        held_by = self.locations.pop(cid, None)
+        held_by = self._unlocate(cid)
         member = self._member_by_id(held_by[0]) if held_by else None
         if member is not None:
             self._send_job(job, member)  # it holds this id: it answers from its cache or joins the call
@@ -588,10 +589,7 @@ class Broker:
         for name, spec in ((t.name, t) for t in ready.tools):
             self.specs.setdefault(name, spec)
         for cid in ready.held:
-            self.locations[cid] = (ready.executor, now + LOCATION_TTL)
-            self.locations.move_to_end(cid)
-        while len(self.locations) > MAX_LOCATIONS:
-            self.locations.popitem(last=False)
+            self._locate(cid, ready.executor, now + LOCATION_TTL)
         self._resend_held(member)
         self._adopt_specs(final=not self.recovering)
         log.info("executor %s joined: %d tools, capacity %d, holding %d calls", ready.executor, len(ready.tools),
@@ -606,8 +604,28 @@ class Broker:
         """Queued calls (resent by clients while we recovered) that this executor holds go to it."""
         for job in [j for j in self.waiting if self.locations.get(j.call.id or "", ("",))[0] == member.id]:
             self.waiting.remove(job)
-            self.locations.pop(job.call.id or "", None)
+            self._unlocate(job.call.id or "")
             self._send_job(job, member)
+
+    def _locate(self, cid: str, executor: str, expiry: float) -> None:
+        """Remember that ``executor`` holds call ``cid``. When the table is full, the oldest entry of
+        the executor holding the most goes: one executor announcing floods of ids evicts its own
+        entries, never where another executor's calls are (a resend would then run elsewhere too)."""
+        self._unlocate(cid)
+        self.locations[cid] = (executor, expiry)
+        self.held_by.setdefault(executor, collections.OrderedDict())[cid] = None
+        while len(self.locations) > MAX_LOCATIONS:
+            most = max(self.held_by.values(), key=len)
+            self._unlocate(next(iter(most)))
+
+    def _unlocate(self, cid: str) -> tuple[str, float] | None:
+        where = self.locations.pop(cid, None)
+        if where is not None:
+            ids = self.held_by[where[0]]
+            del ids[cid]
+            if not ids:
+                del self.held_by[where[0]]
+        return where
 
     def _conflict(self, ready: Ready, previous: Member | None) -> str:
         """Why ``ready`` may not join (a tool another executor serves differently), or "". Each name

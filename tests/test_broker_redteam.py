@@ -216,12 +216,7 @@ def test_a_backend_peer_that_never_joined_cannot_answer_a_call(
     assert result.ok and result.value["tag"] == "real", result
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: `held` ids of every executor share one bounded table (MAX_LOCATIONS, oldest out); one hostile "
-    "executor announcing 262,144 junk held ids evicts where an honest executor's calls are, so a call "
-    "resent after a broker restart goes to another executor and runs twice. Reproduce: executor H "
-    "announces held=[C]; another sends ready with 5 x 65,536 random held ids; a client sends C: it runs "
-    "on a third executor instead of going to H."))
+# Closed (was: held ids of every executor shared one bounded table, oldest out: a flood evicted others').
 def test_a_flood_of_held_ids_does_not_reroute_a_held_call(
         pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[FakeExecutor], tmp_path: Path) -> None:
     pool.start_broker()
