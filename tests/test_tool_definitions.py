@@ -40,41 +40,41 @@ def test_a_typo_in_an_annotation_is_refused_at_load_naming_the_tool(tmp_path: Pa
         load_tools([str(module)])
 
 
+def _refused_at_load(tmp_path: Path, tools: str, match: str) -> None:
+    """Loading a module of ``tools`` (source after ``from executor import tool``) is refused so."""
+    module = tmp_path / "refused_tools.py"
+    module.write_text("from executor import tool\n\n" + tools)
+    with pytest.raises(RegistryError, match=match):
+        load_tools([str(module)])
+
+
+def _tool_source(decorator: str = "@tool", params: str = "", doc: str = "F.", name: str = "f") -> str:
+    return f'{decorator}\ndef {name}({params}) -> int:\n    """{doc}"""\n    return 1\n\n'
+
+
 @pytest.mark.parametrize(("name", "shown"), [('"n" * 300', "'nnnn"), ("5", "'5'")])
 def test_a_tool_name_a_call_could_not_carry_is_refused_at_load(tmp_path: Path, name: str, shown: str) -> None:
     """A call names its tool in 1 to 256 characters; a tool named otherwise could never be called
     (an empty name means the function's own)."""
-    module = tmp_path / "named_tools.py"
-    module.write_text(f"from executor import tool\n\n@tool(name={name})\n"
-                      "def f() -> int:\n    \"\"\"F.\"\"\"\n    return 1\n")
-    with pytest.raises(RegistryError, match=rf"its name must be a string of 1 to 256 characters.*not {shown}"):
-        load_tools([str(module)])
+    _refused_at_load(tmp_path, _tool_source(decorator=f"@tool(name={name})"),
+                     rf"its name must be a string of 1 to 256 characters.*not {shown}")
 
 
 def test_a_parameter_name_over_256_characters_is_refused_at_load(tmp_path: Path) -> None:
-    module = tmp_path / "long_param_tools.py"
-    module.write_text(f"from executor import tool\n\n@tool\ndef f({'p' * 300}: int) -> int:\n"
-                      "    \"\"\"F.\"\"\"\n    return 1\n")
-    with pytest.raises(RegistryError, match=r"tool 'f': parameter name p+\.\.\. is longer than 256 characters"):
-        load_tools([str(module)])
+    _refused_at_load(tmp_path, _tool_source(params=f"{'p' * 300}: int"),
+                     r"tool 'f': parameter name p+\.\.\. is longer than 256 characters")
 
 
 def test_a_docstring_too_long_for_every_prompt_is_refused_at_load(tmp_path: Path) -> None:
     """A tool's spec goes into every prompt: a docstring over 32768 characters is refused, naming the
     tool and the field, not cut silently."""
-    module = tmp_path / "long_doc_tools.py"
-    module.write_text(f"from executor import tool\n\n@tool\ndef f() -> int:\n    \"\"\"{'d' * 40_000}\"\"\"\n"
-                      "    return 1\n")
-    with pytest.raises(RegistryError, match=r"tool 'f' cannot be announced: doc: String should have at most 32768"):
-        load_tools([str(module)])
+    _refused_at_load(tmp_path, _tool_source(doc="d" * 40_000),
+                     r"tool 'f' cannot be announced: doc: String should have at most 32768")
 
 
 def test_more_tools_than_an_executor_serves_are_refused_at_load(tmp_path: Path) -> None:
-    module = tmp_path / "many_tools.py"
-    module.write_text("from executor import tool\n\n" + "".join(
-        f"@tool\ndef f{i}() -> int:\n    \"\"\"F.\"\"\"\n    return {i}\n\n" for i in range(1025)))
-    with pytest.raises(RegistryError, match=r"1025 tools found; an executor serves at most 1024"):
-        load_tools([str(module)])
+    _refused_at_load(tmp_path, "".join(_tool_source(name=f"f{i}") for i in range(1025)),
+                     r"1025 tools found; an executor serves at most 1024")
 
 
 def test_a_tool_without_a_docstring_loads_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
