@@ -239,7 +239,8 @@ def test_a_flood_of_held_ids_does_not_reroute_a_held_call(
     assert sent is not None and sent.id == cid and not ran, "the held call went elsewhere and ran"
 
 
-@pytest.mark.xfail(strict=True, reason=(
+@pytest.mark.xfail(strict=False, reason=(
+    "Not strict: whether the liar attracts the calls depends on routing order (one fresh-clone run passed). "
     "HOLE: an executor's `ready` decides every client's deadline: its apply_grace_s (up to 86,400) becomes "
     "the broker welcome's, and clients wait that much (capped at 120 s) past a call's timeout. With a "
     "capacity of 4096 the liar attracts calls while an honest executor sits idle, and never answers: a "
