@@ -873,14 +873,17 @@ class Target:
                 replaced_by = time.monotonic() + START_TIMEOUT
                 while True:  # a call may still meet the old template's workers, or none: until one works
                     first = self.client.wait(self.client.send("hold", {"seconds": 0.0}), START_TIMEOUT)
-                    kids = [c.pid for c in psutil.Process(self.proc.pid).children()]
-                    if first.ok and kids and old.pid not in kids:
+                    # the replacement is a fresh interpreter; the old template's orphans may linger a while
+                    kids = [c.pid for c in psutil.Process(self.proc.pid).children() if _is_template_exec(c, psutil)]
+                    if first.ok and kids:
+                        template = kids[0]
                         break
                     if time.monotonic() > replaced_by:
                         raise RuntimeError("the killed template was not replaced")
                     time.sleep(0.05)
-            tree = psutil.Process(self.proc.pid).children()
-            template = tree[0].pid if tree else 0
+            else:
+                tree = psutil.Process(self.proc.pid).children()
+                template = tree[0].pid if tree else 0
             self.ours = (first.executor or "?", f"-{template}-")  # in the names of its control groups
             self.client.send("hold", {"seconds": 300.0}, timeout=300.0)  # cancelled by the shutdown
             self.ctx = Context(endpoint=endpoint, sock_path=sock_path, workspace=workspace, supervisor=self.proc.pid,
@@ -947,12 +950,24 @@ def _busy_worker(template: int, psutil: Any) -> int:
     --workspace-rw the template's child is the call's keeper, and the call runs in its child.)"""
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        for child in psutil.Process(template).children(recursive=True):
+        try:
+            children = psutil.Process(template).children(recursive=True)
+        except psutil.NoSuchProcess:
+            raise RuntimeError(f"the template ({template}) is gone before the selfcheck's long call started") from None
+        for child in children:
             with contextlib.suppress(OSError, psutil.Error), open(f"/proc/{child.pid}/wchan") as f:
                 if "nanosleep" in f.read():
                     return int(child.pid)
         time.sleep(0.02)
     raise RuntimeError("the selfcheck's long call did not start in a worker within 10 s")
+
+
+def _is_template_exec(process: Any, psutil: Any) -> bool:
+    """Whether ``process`` is a template started as a fresh interpreter (``-m executor.template``)."""
+    try:
+        return "executor.template" in process.cmdline()
+    except psutil.Error:
+        return False
 
 
 def _keeper_of(worker: int, template: int, psutil: Any) -> int:
