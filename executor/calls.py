@@ -35,6 +35,10 @@ MAX_EXECUTED_IDS = 1_000_000  # ids remembered as run (about 120 bytes each)...
 EXECUTED_ID_TTL = 24 * 3600.0  # ...and for at least this long, unless the count bound is reached first
 MAX_QUEUE_BYTES = 1024 * 1024 * 1024  # default --max-queue-mb: encoded arguments of queued calls
 MAX_QUEUE_WAIT = 600.0  # default --max-queue-wait, seconds
+# A queued call is not started with less than this much of its timeout left (a tenth of the timeout
+# if that is less): it would be killed before doing anything, answered `timeout` as if it had run.
+# It is answered `unavailable` ("did not run") instead, and its id may be sent again.
+START_MARGIN = 0.05
 
 
 @dataclass
@@ -252,7 +256,7 @@ class CallTable:
         job.arrived = now
         self.jobs[job.call_id] = job
         self.queue.push(job)
-        self.next_expiry = min(self.next_expiry, job.arrived + self.queue_wait_bound(job))
+        self.next_expiry = min(self.next_expiry, job.arrived + self._may_wait(job))
         self.ran.record(job.call_id, job.digest, now)
         return None
 
@@ -265,6 +269,14 @@ class CallTable:
         """How long ``job`` may wait for a worker: its timeout, or ``max_wait`` if shorter."""
         return min(job.limits.timeout_s, self.max_wait)
 
+    def _may_wait(self, job: Job) -> float:
+        """How long ``job`` may wait and still be started: ``queue_wait_bound`` less the start
+        margin when the bound is its timeout (a call with no time left would only be killed)."""
+        timeout = job.limits.timeout_s
+        if timeout > self.max_wait:
+            return self.max_wait
+        return timeout - min(START_MARGIN, timeout / 10)
+
     def next_queued(self) -> Job | None:
         """The next call for a worker, with its timeout cut to what is left of it; calls that ran out
         of it while queued are set aside in ``expired`` instead."""
@@ -272,7 +284,7 @@ class CallTable:
         while (taken := self.queue.take(_any_worker)) is not None:
             job = taken[0]
             waited = now - job.arrived
-            if waited >= self.queue_wait_bound(job):
+            if waited >= self._may_wait(job):
                 self._expire(job, waited)
                 continue
             if waited > 0.001:
@@ -287,7 +299,7 @@ class CallTable:
             return self.next_expiry - now
         due = math.inf
         for job in list(self.queue):
-            left = job.arrived + self.queue_wait_bound(job) - now
+            left = job.arrived + self._may_wait(job) - now
             if left <= 0:
                 self.queue.remove(job)
                 self._expire(job, now - job.arrived)
@@ -321,7 +333,7 @@ class CallTable:
         job.stdout.clear()
         job.stderr.clear()
         self.queue.push(job, first=True)
-        self.next_expiry = min(self.next_expiry, job.arrived + self.queue_wait_bound(job))
+        self.next_expiry = min(self.next_expiry, job.arrived + self._may_wait(job))
 
     def unqueue(self, job: Job) -> bool:
         """Take a job out of the queue (cancelled before it started); False if it is not queued."""

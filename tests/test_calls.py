@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from executor.calls import ANY_DIGEST, AtMostOnce, CallTable, Job, fingerprint, join
+from executor.calls import ANY_DIGEST, START_MARGIN, AtMostOnce, CallTable, Job, fingerprint, join
 from protocol import Call, Limits
 
 
@@ -79,8 +79,8 @@ def test_queued_calls_expire_at_their_own_bound_though_the_queue_is_not_scanned_
         return [job.call_id for job, _ in table.take_expired()]
 
     admit("slow", 60.0, t0)  # bound: max_wait, due at t0 + 5
-    admit("quick", 1.0, t0 + 0.5)  # bound: its timeout, due at t0 + 1.5
-    assert table.expire(t0 + 0.6) == pytest.approx(0.9) and not expired()
+    admit("quick", 1.0, t0 + 0.5)  # bound: its timeout, due at t0 + 1.5 less the start margin
+    assert table.expire(t0 + 0.6) == pytest.approx(0.9 - START_MARGIN) and not expired()
     assert table.expire(t0 + 1.5) == pytest.approx(3.5)
     [(job, answer)] = table.take_expired()
     assert job.call_id == "quick" and answer.error is not None and answer.error.kind == "unavailable"
@@ -92,3 +92,24 @@ def test_queued_calls_expire_at_their_own_bound_though_the_queue_is_not_scanned_
     assert table.expire(again.arrived + 0.6) > 0 and expired() == ["again"]
     assert [job.call_id for job in table.queue] == ["slow"]
     assert table.expire(t0 + 5.0) == math.inf and expired() == ["slow"]
+
+
+def test_a_queued_call_with_almost_none_of_its_timeout_left_is_not_started_but_answered_did_not_run() -> None:
+    """A worker that frees just before a queued call's timeout runs out must not be given it: the
+    call would be killed at once and answered ``timeout`` as if it had run. Within the start margin
+    (50 ms, or a tenth of a short timeout) it is answered ``unavailable`` and its id forgotten."""
+    table = CallTable(16)
+    now = time.monotonic()
+    for cid, timeout, waited in (("late", 2.0, 2.0 - START_MARGIN / 2), ("short", 0.1, 0.095),
+                                 ("in-time", 2.0, 2.0 - 2 * START_MARGIN)):
+        job = Job(call=Call(id=cid, tool="noop"), call_id=cid, waiters=[b"c"], limits=Limits(timeout_s=timeout))
+        assert table.admit(job, now - waited) is None
+    started = table.next_queued()
+    assert started is not None and started.call_id == "in-time"
+    assert started.limits.timeout_s == pytest.approx(2 * START_MARGIN, abs=0.01)
+    expired = {job.call_id: answer for job, answer in table.take_expired()}
+    assert sorted(expired) == ["late", "short"]
+    for answer in expired.values():
+        assert answer.error is not None and answer.error.kind == "unavailable"
+        assert "did not run" in answer.error.message
+    assert table.ran.answer("late", 0) is None, "an id that did not run must be free to send again"
