@@ -13,6 +13,10 @@ and connects again after a backoff that doubles per unanswered attempt. A broker
 this executor (it restarted) answers ``bye``, and the link announces itself again at once; a broker
 that *refuses* it (another executor serves a tool of the same name differently) makes the executor
 stop with the broker's reason.
+
+The link reads at most ``RECV_HWM`` messages ahead and hands ZeroMQ at most ``SEND_HWM`` (the rest
+wait in its bounded outbox), as the bound endpoint does, so a hostile broker cannot make the
+executor buffer much.
 """
 
 from __future__ import annotations
@@ -26,7 +30,17 @@ from typing import Any
 
 import zmq
 
-from executor.endpoint import OUTBOX_BYTES, OUTBOX_RETRY, RECV_BATCH, SHUTDOWN_LINGER_MS, EndpointError, Incoming
+from executor.endpoint import (
+    OUTBOX_BYTES,
+    OUTBOX_RETRY,
+    RECV_BATCH,
+    RECV_BUDGET_S,
+    RECV_HWM,
+    SEND_HWM,
+    SHUTDOWN_LINGER_MS,
+    EndpointError,
+    Incoming,
+)
 from protocol import Bye, Heartbeat, ProtocolError, Ready, decode, encode
 from protocol.timing import HEARTBEAT_INTERVAL, PEER_EXPIRY, backoff
 from protocol.wire import bound_socket, recv_message
@@ -51,6 +65,8 @@ class BrokerLink:
         sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, SHUTDOWN_LINGER_MS)
         bound_socket(sock)
+        sock.setsockopt(zmq.RCVHWM, RECV_HWM)  # what a broker sends faster than we read waits on its side
+        sock.setsockopt(zmq.SNDHWM, SEND_HWM)  # beyond, our answers wait in the outbox, counted in bytes
         if curve_server_key is not None:
             from protocol.curve import secure_client
 
@@ -98,7 +114,12 @@ class BrokerLink:
         self.send(BROKER, encode(ready))
 
     def receive(self) -> Iterator[Incoming]:
+        """Messages waiting now, at most ``RECV_BATCH`` or ``RECV_BUDGET_S`` of them (as the bound
+        endpoint): a broker flooding costly bodies cannot keep the loop from its workers and deadlines."""
+        until = time.monotonic() + RECV_BUDGET_S
         for _ in range(RECV_BATCH):
+            if time.monotonic() > until:
+                return
             frames = recv_message(self.socket)
             if frames is None:
                 return

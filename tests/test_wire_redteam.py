@@ -474,6 +474,59 @@ def test_a_client_pushing_large_calls_cannot_fill_the_executors_memory(
         ctx.term()
 
 
+def test_a_broker_pushing_large_calls_cannot_fill_a_linked_executors_memory(private_dir: Path) -> None:
+    """Attack (a hostile broker, which an executor's link connects to): once the executor has
+    announced itself, send it 40 calls of 60 MiB each (arguments its tool refuses) without waiting,
+    heartbeating all along so it keeps the connection. The link set no receive high-water mark, so
+    ZeroMQ read them ahead of the executor's loop up to its default of 1,000 messages (the executor
+    grew by 1.7-2.1 GB); now it reads at most ``RECV_HWM`` ahead (480 MiB at the peak), the rest wait
+    on the broker's side, and every call is answered ``bad_arguments``."""
+    import psutil
+
+    from protocol import Heartbeat, Ready
+    from tests.pool import POOL_TOOLS, Pool
+
+    backend = f"ipc://{private_dir}/backend.sock"
+    ctx = zmq.Context()
+    broker = ctx.socket(zmq.ROUTER)
+    broker.setsockopt(zmq.LINGER, 0)
+    broker.setsockopt(zmq.SNDHWM, 0)
+    broker.bind(backend)
+    pool = Pool(private_dir, backend=backend)
+    try:
+        proc = pool.add_executor([POOL_TOOLS], 1)
+        assert broker.poll(30_000), "the executor did not announce itself"
+        route, *frames = broker.recv_multipart()
+        assert isinstance(decode(frames), Ready)
+        beat = encode(Heartbeat(executor="broker"))
+        executor = psutil.Process(proc.pid)
+        before = peak = executor.memory_info().rss
+        body = msgpack.packb({"id": "big-1", "tool": "work", "kwargs": {"tag": "x", "nope": "x" * (60 << 20)}})
+        for _ in range(40):
+            broker.send_multipart([route, VERSION, b"call", body], copy=False)  # the same bytes: no copy here
+        answered, next_beat = 0, 0.0
+        deadline = time.monotonic() + 120
+        while answered < 40 and time.monotonic() < deadline:
+            peak = max(peak, executor.memory_info().rss)
+            if time.monotonic() >= next_beat:
+                broker.send_multipart([route, *beat])
+                next_beat = time.monotonic() + 0.3
+            if broker.poll(10):
+                _, *frames = broker.recv_multipart()
+                reply = decode(frames)
+                if isinstance(reply, Result):
+                    assert reply.error is not None and reply.error.kind == "bad_arguments", reply
+                    answered += 1
+        assert answered == 40
+        grown = (peak - before) / (1 << 20)
+        assert grown < 1000, f"the executor grew by {grown:.0f} MiB"
+        assert proc.poll() is None
+    finally:
+        pool.stop()
+        broker.close(0)
+        ctx.term()
+
+
 def test_a_pool_never_grows_past_the_tools_a_welcome_may_list(tmp_path: Path) -> None:
     """Two executors with 600 different tools each: together over the 1024 a welcome may list (the
     broker's welcome would no longer be valid). The second is refused, told why."""
