@@ -7,9 +7,24 @@ DEALER to the *backend* ROUTER, announce themselves with ``ready`` (tools, limit
 ids they hold), and exchange heartbeats with the broker (``protocol.timing``).
 
 Routing: a call goes to an executor that has its tool and a free worker, least loaded first; the
-broker never sends an executor more calls than it has workers, so calls wait here, in one queue per
-client, served round-robin (a client flooding calls cannot starve another). Two executors that
-advertise the same tool name with different specs cannot both serve it: the second is refused.
+broker never sends an executor more calls than it has workers (nor than ``--max-executor-capacity``,
+whatever it announces), so calls wait here, in one queue per client, served round-robin (a client
+flooding calls cannot starve another). Two executors that advertise the same tool name with
+different specs cannot both serve it: the second is refused, and keeps announcing itself (with
+backoff) until the first is gone.
+
+Executors are peers that may lie (anyone who can reach an ipc backend can join), so nothing one of
+them announces decides what happens to another's calls or how long a client waits:
+
+- A member is bound to its connection. When another connection announces the id of a member heard
+  from lately, the member is asked to announce itself again (a ``bye``), and the newcomer takes the
+  id only if the member neither does so nor speaks for ``CLAIM_WINDOW`` (its connection is gone: an
+  executor that reconnected), or at once if the member's connection is gone for certain or both
+  authenticated with the same CurveZMQ key (the same executor). Otherwise the newcomer is refused.
+- The broker enforces each call's own deadline: an executor that has not answered a call by its
+  timeout plus ``RESULT_GRACE`` has it answered ``timeout`` here (and is sent a ``cancel``); a call
+  the executor says it is applying (a heartbeat's ``applying``) gets, once, the executor's apply grace,
+  but never more than the broker's own ``--apply-grace``, which also bounds the welcome's.
 
 Failures: an executor that says ``bye``, falls silent for ``PEER_EXPIRY`` or comes back as a new
 incarnation loses its calls in flight; each is answered (``crashed`` when the executor went away,
@@ -72,15 +87,22 @@ from protocol import (
     Welcome,
     encode,
 )
+from protocol.messages import BROKER_CAPACITY, MAX_TIMEOUT_S
 from protocol.spec import MAX_TOOLS
-from protocol.timing import HEARTBEAT_INTERVAL, PEER_EXPIRY, RECOVERY_WINDOW
+from protocol.timing import (
+    APPLY_GRACE,
+    CLAIM_WINDOW,
+    HEARTBEAT_INTERVAL,
+    PEER_EXPIRY,
+    RECOVERY_WINDOW,
+    RESULT_GRACE,
+)
 from protocol.wire import LogBudget
 
 log = logging.getLogger("ciayn-broker")
 
 HELLO_WAIT = 10.0  # a `hello` before any executor joined waits this long for one
 MAX_HELLOS = 4096  # clients waiting for that answer, at most (one entry per client)
-RUNNING_GRACE = 10.0  # an executor silent about a call this long past its timeout: answered here
 LOCATION_TTL = 120.0  # how long an announced held id routes a resent call to its executor
 MAX_LOCATIONS = 262_144
 CLIENT_SHARE = 4  # one client may fill at most 1/CLIENT_SHARE of the queue's bytes
@@ -104,17 +126,22 @@ class Job:
     queued_at: float
     member: Member | None = None
     sent_at: float = 0.0
+    run_timeout: float = 0.0  # the timeout the executor it was sent to applies to it
+    deadline: float = 0.0  # when the broker stops waiting for that executor's answer
+    granted: float = 0.0  # apply grace given (once), when the executor said it is applying the call
     tried: list[str] = field(default_factory=list)  # executors it was sent to
     nbytes: int = 0  # encoded size of its tool, arguments and timeout: what the queue's bound counts
 
 
 @dataclass
 class Member:
-    """An executor connected to the backend."""
+    """An executor connected to the backend: its identity is its connection (``route``)."""
 
     route: bytes
     ready: Ready
     last_heard: float
+    capacity: int  # calls sent to it at once, at most: its announced capacity, clamped by the broker
+    probed_at: float = float("-inf")  # when another connection's claim on its id last asked it to announce itself
     running: dict[str, Job] = field(default_factory=dict)
     stats: CallStats = field(default_factory=CallStats)
     tool_names: frozenset[str] = frozenset()
@@ -128,7 +155,18 @@ class Member:
 
     @property
     def free(self) -> int:
-        return self.ready.capacity - len(self.running)
+        return self.capacity - len(self.running)
+
+
+@dataclass
+class Claim:
+    """Another connection announced the id of a live member: the newcomer waits (not a member) until
+    the member shows it is alive (then the newcomer is refused) or stays silent (then it goes)."""
+
+    route: bytes  # the newcomer's connection
+    ready: Ready
+    at: float
+    holder: bytes  # the member's connection
 
 
 class Broker:
@@ -148,6 +186,8 @@ class Broker:
         insecure: bool = False,
         state_dir: str | None = None,
         cache_bytes: int = RESULT_CACHE_BYTES,
+        apply_grace: float = APPLY_GRACE,
+        max_executor_capacity: int = BROKER_CAPACITY,
     ) -> None:
         self.frontend_endpoint = frontend
         self.backend_endpoint = backend
@@ -161,6 +201,8 @@ class Broker:
         self.metrics_address = metrics
         self.insecure = insecure
         self.state_dir = state_dir
+        self.apply_grace = apply_grace  # the most a call's answer may come after its deadline for its writes
+        self.max_executor_capacity = max_executor_capacity
         self.journal: Journal | None = None
         self.broker_id = "broker-" + uuid.uuid4().hex[:8]
         digest = hashlib.sha256(frontend.encode()).digest()
@@ -168,6 +210,7 @@ class Broker:
         self.started = time.monotonic()
         self.recovering = recovery_s > 0
         self.members: dict[bytes, Member] = {}
+        self.claims: dict[str, Claim] = {}  # executor id -> a newcomer waiting to take it (one per id)
         self.specs: dict[str, ToolSpec] = {}  # the one spec of each tool name in the pool
         self.jobs: dict[str, Job] = {}
         self.waiting: FairQueue[Job] = FairQueue()
@@ -183,6 +226,7 @@ class Broker:
         # What peers send is logged at a bounded rate: a flood of bad messages cannot fill the disk.
         self.client_complaints = LogBudget(log, "protocol errors from clients")
         self.executor_complaints = LogBudget(log, "protocol errors from executors")
+        self.refusals = LogBudget(log, "refused executors")
 
     # ---------------------------------------------------------------- sockets
 
@@ -205,7 +249,7 @@ class Broker:
             self.contexts.append(ctx)
             try:
                 side = RouterEndpoint(ctx, endpoint, curve_secret=self.curve_secret, curve_clients=allowed,
-                                      insecure=self.insecure)
+                                      insecure=self.insecure, handover=which == "frontend")
             except EndpointError as e:
                 raise BrokerError(f"{which}: {e}") from None
             if which == "frontend":
@@ -288,11 +332,13 @@ class Broker:
                 self._send_frames_backend(route, beat)
         self.client_complaints.flush(now)
         self.executor_complaints.flush(now)
+        self.refusals.flush(now)
         if now < self.next_sweep:
             return
         self.next_sweep = now + min(HEARTBEAT_INTERVAL, 0.25)
         if self.recovering and now - self.started >= self.recovery_s:
             self._end_recovery()
+        self._decide_claims(now)  # first: a silent member whose id a newcomer claims hands its calls over
         for member in list(self.members.values()):
             if now - member.last_heard > PEER_EXPIRY:
                 self._drop(member, "unavailable", f"fell silent for {now - member.last_heard:.1f} s")
@@ -352,15 +398,16 @@ class Broker:
         self._dispatch()
 
     def welcome(self) -> Welcome:
-        """The pool as one executor: every tool, the longest default timeout, all the workers."""
+        """The pool as one executor: every tool, the longest default timeout, all the workers, and the
+        apply grace of its executors, at most the broker's own (which it enforces, section 12)."""
         members = list(self.members.values())
         limits = max((m.ready.limits for m in members), key=lambda lim: lim.timeout_s, default=Limits())
         profiles = {m.ready.profile for m in members}
         return Welcome(executor=self.broker_id, incarnation=self.incarnation,
                        tools=[self.specs[n] for n in sorted(self.specs)], limits=limits,
-                       workers=sum(m.ready.capacity for m in members),
+                       workers=sum(m.capacity for m in members),
                        profile=profiles.pop() if len(profiles) == 1 else "mixed" if profiles else "default",
-                       apply_grace_s=max((m.ready.apply_grace_s for m in members), default=0.0))
+                       apply_grace_s=min(self.apply_grace, max((m.ready.apply_grace_s for m in members), default=0.0)))
 
     def _answer_hellos(self, now: float) -> None:
         if not self.hellos:
@@ -506,13 +553,15 @@ class Broker:
         for m in self.members.values():
             if m.free <= 0 or m.id in job.tried or job.spec.name not in m.tool_names:
                 continue
-            if best is None or len(m.running) * best.ready.capacity < len(best.running) * m.ready.capacity:
+            if best is None or len(m.running) * best.capacity < len(best.running) * m.capacity:
                 best = m
         return best
 
     def _send_job(self, job: Job, member: Member) -> None:
         job.member = member
         job.sent_at = time.monotonic()
+        job.run_timeout = self._timeout_on(job, member)
+        job.deadline, job.granted = job.sent_at + job.run_timeout + RESULT_GRACE, 0.0
         if member.id not in job.tried:
             job.tried.append(member.id)
         member.running[job.call.id or ""] = job
@@ -529,56 +578,110 @@ class Broker:
                                              f"{why} for {job.timeout:g} s; the call did not run"), ran=False)
 
     def _expire_running(self, now: float) -> None:
+        """A call its executor has not answered by its deadline is answered here, whatever the
+        executor announced: ``timeout``, and the executor is asked to cancel it."""
         for member in list(self.members.values()):
             for cid, job in list(member.running.items()):
-                if now - job.sent_at > job.timeout + RUNNING_GRACE + member.ready.apply_grace_s:
-                    del member.running[cid]
-                    self._finish(job, Result.failure(cid, "unavailable", f"executor {member.id} did not answer "
-                                                     f"within the call's timeout plus {RUNNING_GRACE:g} s; the "
-                                                     "call may have run"))
+                if now < job.deadline:
+                    continue
+                del member.running[cid]
+                self._send_backend(member.route, Cancel(id=cid))
+                applied = (f" and the {job.granted:g} s it was given to apply the call's workspace writes"
+                           if job.granted else "")
+                log.warning("call %s %s: executor %r did not answer in time; answered timeout", cid,
+                            job.call.tool[:64], member.id)
+                self._finish(job, Result.failure(
+                    cid, "timeout", f"executor {member.id!r} did not answer within the call's timeout "
+                    f"({job.run_timeout:g} s) plus {RESULT_GRACE:g} s{applied}; the broker stopped waiting and "
+                    "asked it to cancel the call, which may have run (partly or wholly)"))
+
+    def _grant_apply(self, member: Member, ids: list[str], now: float) -> None:
+        """The executor says these calls answered in time and their workspace writes are being
+        applied: wait for each, once, its apply grace, at most the broker's own ``apply_grace``."""
+        grace = min(member.ready.apply_grace_s, self.apply_grace)
+        if grace <= 0:
+            return
+        for cid in ids:
+            job = member.running.get(cid)
+            if job is not None and not job.granted:
+                job.granted = grace
+                job.deadline = max(job.deadline, now + grace + RESULT_GRACE)
+
+    def _timeout_on(self, job: Job, member: Member) -> float:
+        """The timeout ``member`` applies to ``job``: the call's, else the tool's, else its default
+        (as ``executor.limits.effective_limits``); at most a day, whatever it announced."""
+        for t in (job.call.timeout, job.spec.timeout if job.spec else None, member.ready.limits.timeout_s):
+            if t is not None and 0 < t < float("inf"):
+                return min(t, MAX_TIMEOUT_S)
+        return Limits().timeout_s
 
     # ---------------------------------------------------------------- executors
 
     def _on_backend(self) -> None:
         assert self.backend is not None
         for route, msg in self.backend.receive():
+            now = time.monotonic()
             member = self.members.get(route)
             if member is not None:
-                member.last_heard = time.monotonic()
+                member.last_heard = now
             if isinstance(msg, ProtocolError):
                 self.executor_complaints.warning("protocol error from executor %s: %s",
-                                                 member.id if member else route.hex()[:8], msg)
+                                                 repr(member.id) if member else route.hex()[:8], msg)
                 continue
             if isinstance(msg, Result):
                 self._on_result(route, member, msg)
             elif isinstance(msg, Ready):
                 self._on_ready(route, msg)
             elif isinstance(msg, Heartbeat):
-                if member is None:  # we restarted, or dropped it: it must announce itself again
+                if member is not None:
+                    if msg.applying:
+                        self._grant_apply(member, msg.applying, now)
+                elif self._claim_of(route) is None:  # we restarted, or dropped it: it must announce itself
                     self._send_backend(route, Bye(reason="unknown executor; announce again"))
             elif isinstance(msg, Bye):
                 if member is not None:
                     self._drop(member, "crashed", f"left ({msg.reason or 'no reason given'})")
+                elif (claim := self._claim_of(route)) is not None:
+                    del self.claims[claim.ready.executor]
             else:
                 self.executor_complaints.warning("executor %s sent a %s message; ignored",
-                                                 member.id if member else "?", msg.KIND)
+                                                 repr(member.id) if member else "?", msg.KIND)
         self._dispatch()
 
     def _on_ready(self, route: bytes, ready: Ready) -> None:
         now = time.monotonic()
+        claim = self._claim_of(route)
+        if claim is not None:  # a newcomer announcing again starts over
+            del self.claims[claim.ready.executor]
+        for claim in [c for c in self.claims.values() if c.holder == route]:
+            self._alive(claim)  # the member whose id is claimed announced itself again
         previous = self._member_by_id(ready.executor)
         conflict = self._conflict(ready, previous)
         if conflict:
-            log.error("refused executor %s: %s", ready.executor, conflict)
-            self._send_backend(route, Bye(reason=conflict, refused=True))
+            self._refuse(route, ready.executor, conflict)
             return
-        member = Member(route=route, ready=ready, last_heard=now)
+        if previous is not None and previous.route != route and not self._may_take_over(route, previous, now):
+            self._claim(route, ready, previous, now)
+            return
+        self._join(route, ready, previous, now)
+
+    def _join(self, route: bytes, ready: Ready, previous: Member | None, now: float) -> None:
+        """``ready`` from ``route`` becomes a member; ``previous``, the member with its id, if any, is
+        replaced: its calls move to the newcomer (the same incarnation: the same process on a new
+        connection; each is sent again, so that an answer lost with the old connection comes from the
+        executor's cache) or are answered (another incarnation: it restarted)."""
+        member = Member(route=route, ready=ready, last_heard=now,
+                        capacity=min(ready.capacity, self.max_executor_capacity))
+        moved: list[Job] = []
         if previous is not None:
+            member.probed_at = previous.probed_at  # (answering a probe does not invite the next one sooner)
             del self.members[previous.route]
             if previous.ready.incarnation == ready.incarnation:
                 member.running, member.stats = previous.running, previous.stats  # same process, new socket
                 for job in member.running.values():
                     job.member = member
+                if previous.route != route:
+                    moved = list(member.running.values())
             else:
                 self.members[previous.route] = previous  # so that _drop finds it
                 self._drop(previous, "crashed", f"restarted (incarnation {ready.incarnation})")
@@ -586,15 +689,85 @@ class Broker:
         if old is not None and old.id != ready.executor:
             self._drop_silently_replaced(old)
         self.members[route] = member
+        for job in moved:  # it holds them (in ``held``): it joins the running call or answers from its cache
+            self._send_frames_backend(route, job.frames)
         for name, spec in ((t.name, t) for t in ready.tools):
             self.specs.setdefault(name, spec)
         for cid in ready.held:
             self._locate(cid, ready.executor, now + LOCATION_TTL)
         self._resend_held(member)
         self._adopt_specs(final=not self.recovering)
-        log.info("executor %s joined: %d tools, capacity %d, holding %d calls", ready.executor, len(ready.tools),
-                 ready.capacity, len(ready.held))
+        clamped = f" (announced {ready.capacity}, clamped)" if member.capacity < ready.capacity else ""
+        log.info("executor %r joined: %d tools, capacity %d%s, holding %d calls", ready.executor, len(ready.tools),
+                 member.capacity, clamped, len(ready.held))
         self._answer_hellos(now)
+
+    def _may_take_over(self, route: bytes, holder: Member, now: float) -> bool:
+        """Whether the connection ``route`` may take ``holder``'s id at once: both authenticated with
+        the same CurveZMQ key (the same executor, restarted or reconnected), or the holder has been
+        silent for ``CLAIM_WINDOW``, or its connection is gone for certain. Otherwise the holder is
+        asked to announce itself again (the ``bye`` doubles as the probe of its connection)."""
+        assert self.backend is not None
+        key = self.backend.key_of(route)
+        if key and key == self.backend.key_of(holder.route):
+            return True
+        if now - holder.last_heard > CLAIM_WINDOW:
+            return True
+        if now - holder.probed_at < CLAIM_WINDOW:
+            return False  # asked lately: a flood of claims makes it announce itself at most once a window
+        holder.probed_at = now
+        probe = _encode(Bye(reason="another connection announced this executor's id; announce yourself again"))
+        return not self.backend.probe(holder.route, probe)
+
+    def _claim(self, route: bytes, ready: Ready, holder: Member, now: float) -> None:
+        if ready.executor in self.claims:
+            self._refuse(route, ready.executor, f"another connection is already waiting to take the executor id "
+                         f"{ready.executor!r}, which a live executor holds")
+            return
+        self.claims[ready.executor] = Claim(route=route, ready=ready, at=now, holder=holder.route)
+        log.info("executor id %r announced on another connection while the one holding it is alive; the newcomer "
+                 "takes it if that one stays silent for %.1f s", ready.executor, CLAIM_WINDOW)
+
+    def _claim_of(self, route: bytes) -> Claim | None:
+        return next((c for c in self.claims.values() if c.route == route), None)
+
+    def _decide_claims(self, now: float) -> None:
+        """Each newcomer waiting for a live member's id: refused once that member shows it is alive
+        (it announced itself again, or spoke at least half a heartbeat after the claim: anything
+        sooner may have been sent before its connection closed); let in once it has not, for
+        ``CLAIM_WINDOW`` after the claim or ``PEER_EXPIRY`` in all (when it would be dropped anyway),
+        or once it is gone."""
+        for cid, claim in list(self.claims.items()):
+            if self.claims.get(cid) is not claim:
+                continue  # decided meanwhile
+            holder = self.members.get(claim.holder)
+            if holder is not None and holder.id == cid and holder.last_heard >= claim.at + HEARTBEAT_INTERVAL / 2:
+                self._alive(claim)
+            elif (holder is None or holder.id != cid or now - claim.at >= CLAIM_WINDOW
+                  or now - holder.last_heard > PEER_EXPIRY):
+                del self.claims[cid]
+                previous = self._member_by_id(cid)
+                if previous is not None and previous.route != claim.holder:
+                    self._on_ready(claim.route, claim.ready)  # another took the id meanwhile: judged afresh
+                elif conflict := self._conflict(claim.ready, previous):
+                    self._refuse(claim.route, cid, conflict)
+                else:
+                    log.info("executor %r on its old connection stayed silent for %.1f s; the new connection "
+                             "takes its id", cid, now - claim.at)
+                    self._join(claim.route, claim.ready, previous, now)
+                    self._dispatch()
+
+    def _alive(self, claim: Claim) -> None:
+        """The member whose id ``claim`` wants showed it is alive: the newcomer is refused."""
+        cid = claim.ready.executor
+        del self.claims[cid]
+        self._refuse(claim.route, cid, f"the executor id {cid!r} belongs to a live executor on another connection; "
+                     "a connection may take it over only once that one is silent")
+
+    def _refuse(self, route: bytes, executor: str, why: str) -> None:
+        """The executor may not join now; it announces itself again later (with backoff) by itself."""
+        self.refusals.warning("refused executor %r: %s", executor, why)
+        self._send_backend(route, Bye(reason=why, refused=True))
 
     def _drop_silently_replaced(self, old: Member) -> None:
         self.members[old.route] = old
@@ -639,8 +812,9 @@ class Broker:
         for spec in ready.tools:
             owner, theirs = served.get(spec.name, (None, None))
             if owner is not None and theirs != spec:
-                return (f"its tool {spec.name!r} differs from the one executor {owner.id} serves "
-                        "(signature, documentation or flags); one pool serves one version of each tool")
+                return (f"its tool {spec.name!r} differs from the one executor {owner.id!r} serves (signature, "
+                        "documentation or flags); one pool serves one version of each tool, so it may join once "
+                        f"no executor serves another {spec.name!r}")
         total = len(served.keys() | {spec.name for spec in ready.tools})
         if total > MAX_TOOLS:
             return f"with its tools the pool would serve {total}, over the {MAX_TOOLS} one welcome may list"
@@ -658,7 +832,10 @@ class Broker:
             # restarted), or anyone who can reach the backend. Not believed: anyone could answer any id
             # so. A real executor announces itself again when told, with the calls it holds in its
             # ``held``, and a client's resend of such an id goes to it and is answered from its cache.
-            self._send_backend(route, Bye(reason="unknown executor; announce again"))
+            # (A newcomer waiting for an id is not told: it has announced; once in, it is sent its
+            # calls again, and answers them from its cache.)
+            if self._claim_of(route) is None:
+                self._send_backend(route, Bye(reason="unknown executor; announce again"))
             return
         if job is None or job.member is not member:
             log.debug("executor %s answered call %s, which it was not running; ignored", member.id, cid)
@@ -740,7 +917,7 @@ class Broker:
         for m in self.members.values():
             executors.append(ExecutorStatus(
                 executor=m.id, incarnation=m.ready.incarnation, tools=sorted(m.tool_names),
-                capacity=m.ready.capacity, busy=len(m.running), served=m.stats.served,
+                capacity=m.capacity, busy=len(m.running), served=m.stats.served,
                 worker_restarts=m.stats.worker_restarts, idle_s=round(now - m.last_heard, 3)))
         return Report(role="broker", id=self.broker_id, incarnation=self.incarnation,
                       uptime_s=round(now - self.started, 3), capacity=sum(e.capacity for e in executors),

@@ -51,7 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--bind", metavar="ENDPOINT",
                        help="ZeroMQ endpoint to listen on, e.g. ipc:///run/ciayn.sock or tcp://127.0.0.1:5555")
     where.add_argument("--connect", metavar="BACKEND",
-                       help="join a pool instead: connect to a broker's backend endpoint (`ciayn-executor broker`)")
+                       help="join a pool instead: connect to a broker's backend endpoint (`ciayn-executor broker`). "
+                       "It reconnects by itself; if the broker refuses it (another executor serves a tool of the "
+                       "same name differently, or a live executor on another connection holds its id) it does not "
+                       "stop: it logs why and announces itself again after 1 s, doubling up to 10 s, until the "
+                       "conflict is gone")
     d = Limits()
     serve.add_argument("--workers", type=_positive(int), default=1,
                        help="calls run at once (default: 1); each call gets a fresh worker process, and as many "
@@ -154,9 +158,10 @@ Run a broker in front of a pool of executors. Controllers connect to the fronten
 executor (ciayn --executor FRONTEND); executors join with `ciayn-executor serve --connect BACKEND`.
 Each call goes to an executor that has the tool and a free worker, least loaded first; clients are
 served round-robin; an executor that dies or falls silent has its calls answered (or, for idempotent
-tools, re-run once elsewhere). On tcp, use CurveZMQ: --curve-secret is the broker's key pair, used on
-both sockets; --curve-clients and --curve-executors name the directories of public keys admitted on
-each.
+tools, re-run once elsewhere), and a call its executor has not answered by its timeout plus 2 s is
+answered `timeout` by the broker, whatever the executor announced. On tcp, use CurveZMQ:
+--curve-secret is the broker's key pair, used on both sockets; --curve-clients and --curve-executors
+name the directories of public keys admitted on each.
 """
 
 BROKER_EPILOG = """\
@@ -168,7 +173,8 @@ examples:
 
 
 def _add_broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from protocol.timing import RECOVERY_WINDOW
+    from protocol.messages import BROKER_CAPACITY, MAX_CAPACITY
+    from protocol.timing import APPLY_GRACE, RECOVERY_WINDOW
 
     broker = sub.add_parser("broker", help="front a pool of executors for many controllers",
                             description=BROKER_DESCRIPTION, epilog=BROKER_EPILOG,
@@ -194,6 +200,16 @@ def _add_broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                         "the calls they hold before sending calls elsewhere, staying silent to clients so that "
                         "they resend theirs (the default matches the client's timing; less breaks that); 0 for "
                         f"a pool that never ran (default: {RECOVERY_WINDOW:g})")
+    broker.add_argument("--apply-grace", type=float, default=APPLY_GRACE, metavar="S",
+                        help="the most a call's answer may come after its timeout (plus 2 s) because its executor "
+                        "is applying its workspace writes (hardened --workspace-rw), granted only to a call the "
+                        "executor says it is applying, and at most what the executor announced; it also bounds the "
+                        "apply grace the broker's welcome tells clients, whatever an executor announces "
+                        f"(0 to 86400; default: {APPLY_GRACE:g}, the executor's own)")
+    broker.add_argument("--max-executor-capacity", type=_positive(int), default=BROKER_CAPACITY, metavar="N",
+                        help="calls sent to one executor at once, at most, whatever workers it announces: a lying "
+                        "executor cannot draw every call to itself (at most "
+                        f"{MAX_CAPACITY}; default: {BROKER_CAPACITY})")
     broker.add_argument("--metrics-port", metavar="[HOST:]PORT",
                         help="serve Prometheus metrics over HTTP on this port (127.0.0.1 unless HOST is given)")
     broker.add_argument("--state-dir", metavar="DIR",
@@ -302,6 +318,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _broker(args: argparse.Namespace) -> int:
     from executor.broker import Broker, BrokerError
+    from protocol.messages import MAX_CAPACITY, MAX_TIMEOUT_S
 
     if (args.curve_clients or args.curve_executors) and not args.curve_secret:
         print("ciayn-executor: --curve-clients and --curve-executors need --curve-secret (the broker's own key)",
@@ -311,10 +328,19 @@ def _broker(args: argparse.Namespace) -> int:
         print(f"ciayn-executor: --recovery-s must be between 0 and 3600 seconds, got {args.recovery_s}",
               file=sys.stderr)
         return 2
+    if not 0 <= args.apply_grace <= MAX_TIMEOUT_S:
+        print(f"ciayn-executor: --apply-grace must be between 0 and {MAX_TIMEOUT_S:g} seconds, got {args.apply_grace}",
+              file=sys.stderr)
+        return 2
+    if args.max_executor_capacity > MAX_CAPACITY:
+        print(f"ciayn-executor: --max-executor-capacity must be at most {MAX_CAPACITY} (what a `ready` may announce), "
+              f"got {args.max_executor_capacity}", file=sys.stderr)
+        return 2
     broker = Broker(args.frontend, args.backend, curve_secret=args.curve_secret, curve_clients=args.curve_clients,
                     curve_executors=args.curve_executors, max_queue=args.max_queue, recovery_s=args.recovery_s,
                     max_queue_bytes=args.max_queue_mb * 1024**2, cache_bytes=args.result_cache_mb * 1024**2,
-                    metrics=args.metrics_port, insecure=args.insecure, state_dir=args.state_dir)
+                    metrics=args.metrics_port, insecure=args.insecure, state_dir=args.state_dir,
+                    apply_grace=args.apply_grace, max_executor_capacity=args.max_executor_capacity)
     try:
         return broker.serve()
     except BrokerError as e:

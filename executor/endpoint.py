@@ -64,7 +64,7 @@ class ClientSide(Protocol):
     """What the supervisor needs from the side that faces clients."""
 
     socket: zmq.Socket[bytes]
-    failed: str  # set when this side cannot go on (a broker refused the executor): the executor stops
+    failed: str  # set when this side cannot go on: the executor stops (a broker's refusal is not that: it retries)
 
     def receive(self) -> Iterator[Incoming]:
         """Messages waiting now, each with the route to answer on; a malformed one comes as the
@@ -87,13 +87,18 @@ class RouterEndpoint:
 
     def __init__(self, ctx: zmq.Context[Any], endpoint: str, *, curve_secret: str | None = None,
                  curve_clients: str | None = None, insecure: bool = False, outbox_bytes: int = OUTBOX_BYTES,
-                 outbox_total_bytes: int = OUTBOX_TOTAL_BYTES) -> None:
+                 outbox_total_bytes: int = OUTBOX_TOTAL_BYTES, handover: bool = True) -> None:
+        """``handover``: a client reconnecting under its routing id takes it over (SPEC.md section 1).
+        A broker's backend turns it off: executors never set routing ids, and with it a peer that
+        learned or guessed a member's route could take over that member's connection."""
         self.endpoint = endpoint
         self.outbox_limit = outbox_bytes
         self.total_limit = outbox_total_bytes
         # route -> (descriptor, inode) of the connection it last spoke on, so that a client that does not
         # read its answers can be disconnected; bounded, oldest first.
         self.connections: collections.OrderedDict[bytes, tuple[int, int]] = collections.OrderedDict()
+        # route -> the CurveZMQ public key its connection authenticated with (Z85); bounded, oldest first.
+        self.keys: collections.OrderedDict[bytes, str] = collections.OrderedDict()
         self.curve_secret = curve_secret
         self.curve_clients = curve_clients
         self.auth: Any = None
@@ -116,7 +121,7 @@ class RouterEndpoint:
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, SHUTDOWN_LINGER_MS)
         bound_socket(sock)
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a client reconnecting under its routing id takes it over
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1 if handover else 0)  # a client reconnecting takes its id over
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full pipe raises Again instead of dropping the answer
         sock.setsockopt(zmq.SNDHWM, SEND_HWM)  # libzmq counts messages, not bytes: keep its share small
         sock.setsockopt(zmq.RCVHWM, RECV_HWM)  # likewise for what it reads ahead of the loop
@@ -156,14 +161,17 @@ class RouterEndpoint:
         for _ in range(RECV_BATCH):
             if time.monotonic() > until:
                 return
-            received = recv_message_from(self.socket, MAX_FRAMES + 1)  # the routing frame, then the message
+            # The routing frame, then the message.
+            received = recv_message_from(self.socket, MAX_FRAMES + 1, user=self.curve_secret is not None)
             if received is None:
                 return
-            frames, fd = received
+            frames, fd, key = received
             if len(frames) < 2:
                 continue
             route, body = frames[0], frames[1:]
             self._note_connection(route, fd)
+            if key:
+                self._note_key(route, key)
             self.dropped.pop(route, None)
             try:
                 yield route, decode(body)
@@ -255,6 +263,35 @@ class RouterEndpoint:
                 break
             excess -= self.outbox_bytes.get(route, 0) + self.pipe_bytes.get(route, 0)
             self._drop(route, f"the heaviest while all clients' answers passed {self.total_limit // 1024} KiB")
+
+    def key_of(self, route: bytes) -> str:
+        """The CurveZMQ public key (Z85) ``route``'s connection authenticated with; "" without CurveZMQ
+        or if it has not spoken lately."""
+        return self.keys.get(route, "")
+
+    def probe(self, route: bytes, frames: list[bytes]) -> bool:
+        """Send ``frames`` to ``route``; False if ZeroMQ has no connection for it any more (its peer
+        is gone for certain), True if it has (or an answer for it is waiting: then it had one lately)."""
+        if route in self.dropped:
+            return False  # its connection was closed for not reading, and it has not spoken since
+        if route in self.outboxes:
+            self.send(route, frames)
+            return True
+        try:
+            self.socket.send_multipart([route, *frames], zmq.NOBLOCK)
+        except zmq.Again:
+            return True  # its pipe is full: connected
+        except zmq.ZMQError as e:
+            if e.errno == zmq.EHOSTUNREACH:
+                return False
+            log.warning("cannot send to %s: %s", route.hex()[:8], e)
+        return True
+
+    def _note_key(self, route: bytes, key: str) -> None:
+        self.keys[route] = key
+        self.keys.move_to_end(route)
+        while len(self.keys) > MAX_KNOWN_CONNECTIONS:
+            self.keys.popitem(last=False)
 
     def _note_connection(self, route: bytes, fd: int) -> None:
         if fd < 0:

@@ -10,13 +10,19 @@ the calls it holds, so that a restarted broker routes a resent call back here, w
 answers it from its cache or joins the running call); it sends a heartbeat every
 ``HEARTBEAT_INTERVAL``; when the broker has been silent for ``PEER_EXPIRY`` it drops the connection
 and connects again after a backoff that doubles per unanswered attempt. A broker that does not know
-this executor (it restarted) answers ``bye``, and the link announces itself again at once; a broker
-that *refuses* it (another executor serves a tool of the same name differently) makes the executor
-stop with the broker's reason.
+this executor (it restarted) answers ``bye``, and the link announces itself again at once. A broker
+that *refuses* it (another executor serves a tool of the same name differently, or a live executor
+on another connection holds its id) does not make it stop: anyone who can reach the backend could
+announce such a conflict first. The link logs the broker's reason (at a bounded rate), stays quiet,
+and announces itself again after a wait that doubles per refusal (``REFUSED_RETRY_INITIAL`` up to
+``REFUSED_RETRY_MAX``); it joins once the conflict is gone.
 
-The link reads at most ``RECV_HWM`` messages ahead and hands ZeroMQ at most ``SEND_HWM`` (the rest
-wait in its bounded outbox), as the bound endpoint does, so a hostile broker cannot make the
-executor buffer much.
+While the executor applies a call's workspace writes (hardened ``--workspace-rw``), ``applying``
+names that call, and the link tells the broker at once, in a heartbeat, and in every heartbeat after
+until the call is answered: the broker then waits its own apply grace for the answer instead of
+answering the call ``timeout`` itself. The link reads at most ``RECV_HWM`` messages ahead and hands
+ZeroMQ at most ``SEND_HWM`` (the rest wait in its bounded outbox), as the bound endpoint does, so a
+hostile broker cannot make the executor buffer much.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import zmq
@@ -42,8 +48,15 @@ from executor.endpoint import (
     Incoming,
 )
 from protocol import Bye, Heartbeat, ProtocolError, Ready, decode, encode
-from protocol.timing import HEARTBEAT_INTERVAL, PEER_EXPIRY, backoff
-from protocol.wire import bound_socket, recv_message
+from protocol.messages import MAX_CAPACITY
+from protocol.timing import (
+    HEARTBEAT_INTERVAL,
+    PEER_EXPIRY,
+    REFUSED_RETRY_INITIAL,
+    REFUSED_RETRY_MAX,
+    backoff,
+)
+from protocol.wire import LogBudget, bound_socket, recv_message
 
 log = logging.getLogger("ciayn-executor")
 
@@ -54,14 +67,21 @@ class BrokerLink:
     """A DEALER connected to a broker's backend; reconnects and re-announces by itself."""
 
     def __init__(self, ctx: zmq.Context[Any], endpoint: str, *, announce: Callable[[], Ready],
-                 curve_server_key: bytes | None = None, curve_keys: tuple[bytes, bytes] | None = None,
-                 insecure: bool = False) -> None:
+                 applying: Callable[[], Collection[str]] | None = None, curve_server_key: bytes | None = None,
+                 curve_keys: tuple[bytes, bytes] | None = None, insecure: bool = False) -> None:
+        """``announce`` builds the ``ready`` sent on every (re)connection; ``applying`` (optional) names
+        the calls whose workspace writes are being applied now."""
         if not insecure:  # (the executor has checked, and warned, before it started)
             self.check_endpoint(endpoint, curve=curve_server_key is not None, insecure=False)
         self.endpoint = endpoint
         self.announce = announce
+        self.applying = applying
+        self.told_applying: frozenset[str] = frozenset()  # what the last heartbeat said
         self.curve = curve_server_key is not None
-        self.failed = ""  # set when the broker refused us: the executor stops, saying this
+        self.failed = ""  # never set by a link: a refusal is retried (ClientSide's contract allows it)
+        self.refusals = 0  # refusals since the broker last took this executor in
+        self.retry_at = 0.0  # while refused: when to announce again
+        self.refusal_log = LogBudget(log, "refusals by the broker")
         sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, SHUTDOWN_LINGER_MS)
         bound_socket(sock)
@@ -132,16 +152,30 @@ class BrokerLink:
                 yield BROKER, e  # a malformed call is still answered, with its id when readable
                 continue
             if isinstance(msg, Heartbeat):
+                if not self.retry_at:
+                    self.refusals = 0  # a broker heartbeats its members only: it took us in
                 continue
             if isinstance(msg, Bye):
                 if msg.refused:
-                    self.failed = f"the broker at {self.endpoint} refused this executor: {msg.reason}"
-                    log.error("%s", self.failed)
+                    self._refused(now, msg.reason)
+                elif self.retry_at:
+                    pass  # refused: we announce again when the wait is over, not sooner
                 elif now - self.announced > HEARTBEAT_INTERVAL / 2:  # not for each stale heartbeat it saw
-                    log.info("the broker asks this executor to announce itself again (%s)", msg.reason)
+                    log.info("the broker asks this executor to announce itself again (%s)", _printable(msg.reason))
                     self._announce(now)
                 continue
             yield BROKER, msg
+
+    def _refused(self, now: float, reason: str) -> None:
+        """The broker will not take us in now: wait, then announce again (never stop for it)."""
+        if self.retry_at:
+            return  # already waiting: a second refusal (a stale or a hostile one) changes nothing
+        wait = backoff(self.refusals, REFUSED_RETRY_INITIAL, REFUSED_RETRY_MAX)
+        self.refusals += 1
+        self.retry_at = now + wait
+        self.refusal_log.warning("the broker at %s refused this executor (refusal %d): %s; it announces itself "
+                                 "again in %.0f s and joins once that conflict is gone", self.endpoint,
+                                 self.refusals, _printable(reason), wait)
 
     def send(self, route: bytes, frames: list[bytes]) -> None:
         """Frames to the broker. While the connection's pipe is full they wait in a bounded outbox (no
@@ -180,12 +214,21 @@ class BrokerLink:
         self.outbox_bytes = 0
 
     def tick(self, now: float) -> float:
-        """Heartbeats, the broker's liveness, reconnection. Returns seconds until it is next due."""
+        """Heartbeats, the broker's liveness, reconnection, announcing again after a refusal. Returns
+        seconds until it is next due."""
+        self.refusal_log.flush(now)
         if self.reconnect_at:
             if now < self.reconnect_at:
                 return self.reconnect_at - now
             self.last_heard = now  # give this attempt a full PEER_EXPIRY
             self._connect()
+        if self.retry_at:
+            if now < self.retry_at:  # refused: quiet (the broker does not heartbeat us either)
+                self._flush()
+                return min(self.retry_at - now, OUTBOX_RETRY) if self.outbox else self.retry_at - now
+            self.retry_at = 0.0
+            self.last_heard = now  # a full PEER_EXPIRY for the broker to answer
+            self._announce(now)
         if now - self.last_heard > PEER_EXPIRY:
             wait = backoff(self.attempt)
             log.warning("the broker at %s has been silent for %.1f s; reconnecting in %.2f s", self.endpoint,
@@ -197,10 +240,13 @@ class BrokerLink:
             self.reconnect_at = now + wait
             return wait
         self._flush()
-        if now >= self.next_heartbeat:
+        applying = frozenset(self.applying()) if self.applying is not None else frozenset()
+        news = not applying <= self.told_applying  # a call started applying: tell the broker now
+        if now >= self.next_heartbeat or news:
             self.next_heartbeat = now + HEARTBEAT_INTERVAL
-            if not self.outbox:  # a full pipe is sign enough of life
-                self.send(BROKER, encode(Heartbeat(executor=self.executor)))
+            if not self.outbox or news:  # a full pipe is sign enough of life
+                self.told_applying = applying
+                self.send(BROKER, encode(Heartbeat(executor=self.executor, applying=sorted(applying)[:MAX_CAPACITY])))
         due = min(self.next_heartbeat, self.last_heard + PEER_EXPIRY) - now
         return max(0.0, min(due, OUTBOX_RETRY) if self.outbox else due)
 
@@ -209,3 +255,8 @@ class BrokerLink:
             self.send(BROKER, encode(Bye(executor=self.executor, reason="shutting down")))
         self.socket.close(linger=SHUTDOWN_LINGER_MS)
 
+
+def _printable(text: str) -> str:
+    """``text`` (from the broker, naming other executors) with control characters escaped: it cannot
+    forge a line of our log."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

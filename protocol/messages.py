@@ -39,6 +39,8 @@ ID_PATTERN = r"^[!-~]{1,128}$"  # a call id: 1-128 printable ASCII characters, n
 RESULT_ID_PATTERN = r"^[!-~]{0,128}$"  # the same, or "" for an error about no readable call
 MAX_ID_CHARS = 128
 MAX_TIMEOUT_S = 86400.0  # the longest timeout a call may ask for (24 h)
+MAX_CAPACITY = 4096  # the most workers a `ready` may announce...
+BROKER_CAPACITY = 256  # ...and what a broker sends one executor at once by default (--max-executor-capacity)
 
 
 class Body(BaseModel):
@@ -260,30 +262,39 @@ class Ready(Body):
     incarnation: int = Field(description="as in welcome")
     tools: list[ToolSpec] = Field(max_length=MAX_TOOLS, description="the tools it serves")
     limits: Limits = Field(description="the default limits of a call")
-    capacity: int = Field(default=1, ge=1, le=4096, description="calls it runs at once (its workers)")
+    capacity: int = Field(default=1, ge=1, le=MAX_CAPACITY, description="calls it runs at once (its workers); a "
+                          "broker sends it at most its own --max-executor-capacity")
     profile: str = Field(default="default", max_length=MAX_NAME_CHARS, description="its isolation profile")
     apply_grace_s: float = Field(default=0.0, ge=0, le=MAX_TIMEOUT_S,
                                  description="how much longer than its timeout a call may take to answer because its "
-                                 "writes are being applied (hardened --workspace-rw); a client adds it to its deadline")
+                                 "writes are being applied (hardened --workspace-rw); a broker grants at most its own "
+                                 "--apply-grace, and only to a call the executor says it is applying (heartbeat)")
     held: list[str] = Field(default_factory=list, max_length=65536,
                             description="ids of calls queued, running or answered lately")
 
 
 class Heartbeat(Body):
-    """Both ways between executor and broker: still here."""
+    """Both ways between executor and broker: still here. From an executor, also which calls it is
+    applying the workspace writes of, so that the broker waits for them (SPEC.md section 12)."""
 
     KIND: ClassVar[str] = "heartbeat"
     executor: str = Field(default="", max_length=MAX_NAME_CHARS, description="the executor's id")
+    applying: list[str] = Field(default_factory=list, max_length=MAX_CAPACITY,
+                                description="executor -> broker: ids of calls that answered within their time and "
+                                "whose workspace writes it is applying now (hardened --workspace-rw); sent at once "
+                                "when a call starts applying, then with every heartbeat until it is answered")
 
 
 class Bye(Body):
-    """Executor -> broker: leaving. Broker -> executor: ``refused`` (it may not join, ``reason`` says
-    why), or else "announce yourself again" (the broker does not know it, e.g. after a restart)."""
+    """Executor -> broker: leaving. Broker -> executor: ``refused`` (it may not join now, ``reason``
+    says why; it announces itself again later), or else "announce yourself again" (the broker does not
+    know it, e.g. after a restart, or another connection announced its id)."""
 
     KIND: ClassVar[str] = "bye"
     executor: str = Field(default="", max_length=MAX_NAME_CHARS, description="the executor's id")
     reason: str = Field(default="", max_length=4096, description="why, for logs")
-    refused: bool = Field(default=False, description="broker -> executor: it may not join")
+    refused: bool = Field(default=False, description="broker -> executor: it may not join now (it retries with "
+                          "backoff, section 12)")
 
 
 # Status: any client -> executor or broker.

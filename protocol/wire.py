@@ -9,7 +9,7 @@ import logging
 import os
 import stat
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 
@@ -66,11 +66,20 @@ def recv_message(sock: zmq.Socket[Any], max_frames: int = MAX_FRAMES) -> list[by
     of a message with more frames is read and dropped without copying. libzmq has already buffered
     the whole message by then: what bounds that is who may connect (SPEC.md, Transport)."""
     received = recv_message_from(sock, max_frames)
-    return received[0] if received is not None else None
+    return received.frames if received is not None else None
 
 
-def recv_message_from(sock: zmq.Socket[Any], max_frames: int = MAX_FRAMES) -> tuple[list[bytes], int] | None:
-    """``recv_message``, and the descriptor of the connection the message came on (-1 if unknown)."""
+class Received(NamedTuple):
+    """A message off a socket, and where it came from."""
+
+    frames: list[bytes]
+    fd: int  # the descriptor of the connection it came on (-1 if unknown)
+    user: str  # with CurveZMQ: the sender's public key (Z85) as authenticated; else ""
+
+
+def recv_message_from(sock: zmq.Socket[Any], max_frames: int = MAX_FRAMES, *, user: bool = False) -> Received | None:
+    """``recv_message``, and the connection the message came on; with ``user``, the sender's
+    authenticated CurveZMQ key too (the ``User-Id`` the ZAP handler gave its connection)."""
     try:
         first = sock.recv(zmq.NOBLOCK, copy=False)
     except zmq.Again:
@@ -85,7 +94,13 @@ def recv_message_from(sock: zmq.Socket[Any], max_frames: int = MAX_FRAMES) -> tu
         fd = int(last.get(zmq.SRCFD))
     except (zmq.ZMQError, ValueError, TypeError):
         fd = -1
-    return frames, fd
+    key = ""
+    if user:
+        try:
+            key = str(last.get("User-Id"))
+        except (zmq.ZMQError, ValueError, TypeError, UnicodeDecodeError):
+            key = ""  # no CurveZMQ on this connection: no metadata
+    return Received(frames, fd, key)
 
 
 def ipc_path(endpoint: str) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -185,17 +186,30 @@ def test_only_the_caller_can_cancel_a_call_queued_in_the_broker_or_running_on_an
     assert [r.error.kind if r.error else None for r in results] == ["cancelled", "cancelled"]
 
 
-def test_a_second_executor_serving_a_tool_of_the_same_name_differently_is_refused(pool: Pool) -> None:
+def test_a_second_executor_serving_a_tool_of_the_same_name_differently_is_refused_until_the_first_is_gone(
+        pool: Pool) -> None:
+    """The second keeps announcing itself, with backoff, saying why and who serves the tool; it never
+    exits for it, and joins once no executor serves the other version."""
     pool.start_broker()
-    pool.add_executor([POOL_TOOLS], workers=1)
-    pool.wait_for_executors(1)
-    impostor = pool.add_executor([CONFLICT], workers=1)
-    assert impostor.wait(30) == 1
-    assert "refused this executor" in pool.log(impostor) and "'work'" in pool.log(impostor)
+    first = pool.add_executor([POOL_TOOLS], workers=1)
+    report = pool.wait_for_executors(1)
+    holder = report.executors[0].executor
+    second = pool.add_executor([CONFLICT], workers=1)
+    wait_until("a second refusal", lambda: "(refusal 2)" in pool.log(second))
+    refusals = [line for line in pool.log(second).splitlines() if "refused this executor" in line]
+    assert all("'work'" in line and repr(holder) in line for line in refusals), refusals
+    assert "again in 1 s" in refusals[0] and "again in 2 s" in refusals[1], refusals
+    assert second.poll() is None, "the refused executor exited"
     assert pool.broker is not None
-    wait_until("the broker's log line", lambda: "refused executor" in pool.log(pool.broker))  # type: ignore[arg-type]
-    report = pool.status()
-    assert report is not None and len(report.executors) == 1
+    assert "refused executor" in pool.log(pool.broker)
+    now = pool.status()
+    assert now is not None and [e.executor for e in now.executors] == [holder]
+    pool.kill(first, signal.SIGTERM)  # it says bye: the other `work` is free to come
+    wait_until("the second executor to join", lambda: (r := pool.status()) is not None and len(r.executors) == 1
+               and r.executors[0].executor != holder, timeout=20)
+    with ExecutorClient(pool.frontend, timeout=10) as client:
+        result = client.call(Call(tool="work", kwargs={"tag": "now"}))
+    assert result.ok and result.value == "now", result  # the second executor's version of the tool
 
 
 def test_one_client_flooding_slow_calls_delays_another_by_at_most_one_call(pool: Pool, tmp_path: Path) -> None:
@@ -508,6 +522,52 @@ def test_the_broker_journal_survives_a_restart_skips_a_torn_line_and_forgets_old
         small.record(f"c{i}", "ex")
     assert small.lines <= 4 and len(small.path.read_text().splitlines()) == small.lines
     small.close()
+
+
+def test_a_linked_executor_tells_the_broker_at_once_which_calls_it_is_applying(tmp_path: Path) -> None:
+    """``BrokerLink`` with its ``applying`` source, against a ROUTER standing in for the broker: a call
+    that starts applying is named in a heartbeat sent on the link's next turn, not half a second later,
+    and in every heartbeat until it is done."""
+    from executor.link import BrokerLink
+    from protocol.timing import HEARTBEAT_INTERVAL
+
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    endpoint = f"ipc://{tmp_path}/backend.sock"
+    router.bind(endpoint)
+    applying: set[str] = set()
+    link = BrokerLink(ctx, endpoint, announce=lambda: Ready(executor="e-1", incarnation=1, tools=[], limits=Limits()),
+                      applying=lambda: applying)
+
+    def heartbeat(within: float) -> Heartbeat | None:
+        deadline = time.monotonic() + within
+        while (left := deadline - time.monotonic()) > 0:
+            link.tick(time.monotonic())
+            if router.poll(min(10, int(left * 1000) + 1)):
+                msg = decode(router.recv_multipart()[1:])
+                if isinstance(msg, Heartbeat):
+                    return msg
+        return None
+
+    try:
+        assert router.poll(5000) and isinstance(decode(router.recv_multipart()[1:]), Ready)
+        first = heartbeat(2.0)  # the first one, due at once
+        assert first is not None and first.applying == []
+        applying.add("c-1")
+        started = time.monotonic()
+        told = heartbeat(2.0)
+        assert told is not None and told.applying == ["c-1"]
+        assert time.monotonic() - started < HEARTBEAT_INTERVAL / 2, "the notice waited for the next heartbeat"
+        again = heartbeat(2.0)
+        assert again is not None and again.applying == ["c-1"]
+        applying.clear()
+        done = heartbeat(2.0)
+        assert done is not None and done.applying == []
+    finally:
+        link.close()
+        router.close(0)
+        ctx.term()
 
 
 def test_reconnection_backs_off_exponentially_up_to_a_bound() -> None:

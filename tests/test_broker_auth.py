@@ -12,9 +12,9 @@ import pytest
 import zmq
 
 from controller import ExecutorClient
-from protocol import Call, Heartbeat, Limits, Ping, Ready, ToolSpec, encode
+from protocol import Bye, Call, Heartbeat, Limits, Ping, Ready, ToolSpec, decode, encode
 from protocol.curve import keygen, load_pair, load_public, secure_client
-from tests.pool import POOL_TOOLS, Pool, free_port
+from tests.pool import POOL_TOOLS, Pool, free_port, wait_until
 
 SILENCE = 2.0
 
@@ -86,3 +86,49 @@ def test_allowed_keys_work_and_anything_else_gets_nothing_on_both_broker_sockets
         ctx.destroy(0)
     report = pool.status()
     assert report is not None and [e.tools for e in report.executors] == [["lookup", "work"]]
+
+
+def test_an_executor_id_passes_at_once_only_to_a_connection_with_the_same_key(
+        pool: Pool, keys: dict[str, Path], tmp_path: Path) -> None:
+    """With CurveZMQ on the backend an announcement of a live member's id from a connection that
+    authenticated with another admitted key is refused (the member is alive); one with the member's
+    own key is the same executor, restarted: it replaces the member at once, whose running call is
+    answered `crashed`."""
+    _, other = keygen(keys["executors"], "worker2")
+    pool.start_broker("--curve-secret", str(keys["broker_sec"]), "--curve-clients", str(keys["clients"]),
+                      "--curve-executors", str(keys["executors"]))
+    pool.add_executor([POOL_TOOLS], 1, "--curve-secret", str(keys["worker"]),
+                      "--curve-server-key", str(keys["broker_pub"]))
+    pool.wait_for_executors(1)
+    server = load_public(keys["broker_pub"])
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+
+    def announce(pair_file: Path, executor: str, incarnation: int) -> zmq.Socket[bytes]:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        secure_client(sock, server, load_pair(pair_file))
+        sock.connect(pool.backend)
+        sock.send_multipart(encode(Ready(executor=executor, incarnation=incarnation, limits=Limits(), tools=[])))
+        return sock
+
+    try:
+        with ExecutorClient(pool.frontend, curve_server_key=server, curve_keys=load_pair(keys["alice"])) as client:
+            future = client.submit(Call(tool="work", kwargs={"tag": "victim", "seconds": 20.0}))
+            report = wait_until("the call to run", lambda: (r := pool.status(0.5)) is not None and r.busy == 1 and r)
+            honest = report.executors[0]
+            stranger = announce(other, honest.executor, honest.incarnation + 1)
+            bye = None
+            while bye is None and stranger.poll(10_000):
+                msg = decode(stranger.recv_multipart())
+                bye = msg if isinstance(msg, Bye) else None
+            assert bye is not None and bye.refused, bye
+            assert not future.done()
+            started = time.monotonic()
+            same = announce(keys["worker"], honest.executor, honest.incarnation + 1)  # kept open until answered
+            result = future.result(timeout=10)
+            took = time.monotonic() - started
+            same.close(0)
+    finally:
+        ctx.destroy(0)
+    assert result.error is not None and result.error.kind == "crashed" and "restarted" in result.error.message, result
+    assert took < 2.0, f"took {took:.1f} s"  # at once: no waiting for the old connection's silence
