@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 
 import zmq
 
-from executor import framing, hardening
+from executor import framing, hardening, pidns, procfs
 from executor.calls import Job
 from executor.channel import (
     Applying,
@@ -144,6 +144,7 @@ class WorkerPool:
         self.template: socket.socket | None = None
         self.template_fd = -1
         self.template_restarts = 0
+        self.pid_ns_warned = False
         self.poller: zmq.Poller | None = None
         self.fd_owner: dict[int, tuple[Slot, str]] = {}
         self.spin_until = 0.0
@@ -165,7 +166,12 @@ class WorkerPool:
         worker_prctl(PR_SET_CHILD_SUBREAPER, 1)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         supervisor = os.getpid()
-        pid = os.fork()
+        isolated = pidns.isolate_next_child()  # the template: PID 1 of a namespace of its own
+        try:
+            pid = os.fork()
+        finally:
+            if isolated and os.getpid() == supervisor:
+                pidns.restore()
         if pid == 0:
             ours.close()
             if fresh:
@@ -186,9 +192,19 @@ class WorkerPool:
             self._kill_template()
             raise StartupError(f"the tool template process died while importing the tools ({e})") from None
         ours.settimeout(TEMPLATE_READ_TIMEOUT)  # from now on it sends small messages, each whole at once
+        if isinstance(first, LoadFailed) and first.message.startswith(pidns.FAILED):
+            self._kill_template()  # it cannot set its namespace up: run templates in ours, saying so
+            pidns.refuse(first.message.removeprefix(pidns.FAILED))
+            self.start_template(fresh)
+            return
         if not isinstance(first, ToolsLoaded):
             self._kill_template()
             raise StartupError(first.message if isinstance(first, LoadFailed) else f"unexpected {first!r}")
+        if not self.pid_ns_warned and (why := pidns.why_not()) is not None:
+            self.pid_ns_warned = True
+            log.warning("workers run in the executor's own PID namespace (%s): a tool can signal the executor's "
+                        "processes and every other process of its user; run as root, or use --profile hardened",
+                        why)
         specs = {s["name"]: ToolSpec.model_validate(s) for s in first.specs}
         if self.specs and specs != self.specs:
             log.warning("the new template's tools differ from the first one's; keeping the first list")
@@ -233,6 +249,11 @@ class WorkerPool:
             while time.monotonic() < deadline:
                 pid, _ = os.waitpid(self.template_pid, os.WNOHANG)
                 if pid:
+                    break
+                if procfs.exiting(self.template_pid):
+                    # The init of the workers' PID namespace stays in its exit until the kernel has
+                    # killed everything in it: one that SIGKILL cannot stop yet (frozen, uninterruptible)
+                    # holds it there. It is on its way; as our child it is reaped when it is done.
                     break
                 time.sleep(0.01)
             else:

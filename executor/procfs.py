@@ -48,3 +48,14 @@ def dying(pid: int) -> bool:
     except (OSError, IndexError, ValueError):
         return True
     return state in (b"Z", b"X", b"x") or bool(flags & PF_EXITING) or bool(pending & SIGKILL_PENDING)
+
+
+def exiting(pid: int) -> bool:
+    """Whether process ``pid`` has begun its exit (or is gone), as opposed to merely having a
+    SIGKILL pending."""
+    try:
+        fields = stat_fields(f"/proc/{pid}/stat")
+        state, flags = fields[0], int(fields[6])
+    except (OSError, IndexError, ValueError):
+        return True
+    return state in (b"Z", b"X", b"x") or bool(flags & PF_EXITING)

@@ -27,8 +27,12 @@ CONFIGURE_TIMEOUT = 10.0  # seconds to wait for the supervisor's Configure (it s
 def main(argv: list[str]) -> None:
     fd, supervisor = int(argv[0]), int(argv[1])
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != supervisor:  # it died before we could ask to die with it
-        os._exit(1)
+    if os.getppid() not in (supervisor, 0):  # it died before we could ask to die with it (0: we are
+        os._exit(1)                           # PID 1 of our own namespace; then its channel says so)
+    try:
+        me = int(os.readlink("/proc/self"))  # our pid for the log, as the host sees it (before our /proc is mounted)
+    except (OSError, ValueError):
+        me = os.getpid()
     not_dumpable()  # exec made us dumpable again: no ptrace or /proc/PID/mem of us by a tool of our user
     scrub_initial_environment()
     chan = socket.socket(fileno=fd)
@@ -42,7 +46,7 @@ def main(argv: list[str]) -> None:
     if config.sys_path:
         sys.path[:] = config.sys_path  # the first template's, for the tools it imports
     logging.basicConfig(stream=sys.stderr, level=config.log_level,
-                        format=f"%(asctime)s ciayn-executor[{os.getpid()}] %(levelname)s %(message)s")
+                        format=f"%(asctime)s ciayn-executor[{me}] %(levelname)s %(message)s")
     if config.hardened is not None:
         hardening.restore(config.hardened)
     template_main(chan, WorkerConfig.from_wire(config.worker))

@@ -40,7 +40,7 @@ from typing import Any
 
 import msgpack
 
-from executor import framing, hardening, procfs, signals
+from executor import framing, hardening, pidns, procfs, signals
 from executor.cgroups import CgroupSupport, Group
 from executor.channel import (
     CallRequest,
@@ -184,10 +184,17 @@ def template_main(chan: socket.socket, config: WorkerConfig) -> None:
     code = 0
     try:
         close_fds_except(0, 1, 2, chan.fileno())  # the supervisor's pidfd, sockets, pipes: not ours
+        host_pids = None
+        if pidns.in_own_namespace():  # PID 1 of the namespace the supervisor made for us
+            try:
+                host_pids = pidns.set_up_template()
+            except OSError as e:
+                framing.send(chan, LoadFailed(message=str(e.strerror or e)).to_wire())
+                os._exit(3)
         kept = allowed_environment(os.environ, config.pass_env)
         os.environ.clear()
         os.environ.update(kept)
-        pool = _Workers(CgroupSupport.detect() if config.use_cgroups else None, config)
+        pool = _Workers(CgroupSupport.detect() if config.use_cgroups else None, config, host_pids)
         if pool.cgroups is not None:
             pool.cgroups.sweep()
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -219,9 +226,11 @@ def template_main(chan: socket.socket, config: WorkerConfig) -> None:
 class _Workers:
     """The template's live workers and their control groups."""
 
-    def __init__(self, cgroups: CgroupSupport | None, config: WorkerConfig) -> None:
+    def __init__(self, cgroups: CgroupSupport | None, config: WorkerConfig,
+                 host_pids: pidns.HostPids | None = None) -> None:
         self.cgroups = cgroups
         self.config = config
+        self.host_pids = host_pids  # in a PID namespace of our own: what the supervisor calls our workers
         self.groups: dict[int, Group | None] = {}
         self.dying: list[Group] = []
         self.count = 0
@@ -294,7 +303,8 @@ def _template_loop(chan: socket.socket, tools: dict[str, Tool], pool: _Workers) 
             if isinstance(req, Spawn):
                 group = pool.new_group(req.worker)
                 try:
-                    pid = _spawn_worker(chan, req.worker, tools, pool.config, group, rehearsal=req.rehearse)
+                    pid = _spawn_worker(chan, req.worker, tools, pool.config, group, rehearsal=req.rehearse,
+                                        host_pids=pool.host_pids)
                 except (BrokenPipeError, ConnectionResetError):  # the supervisor closed the channel: shutting down
                     if group is not None:
                         pool.dying.append(group)  # removed on the way out, with the worker it was made for
@@ -318,8 +328,9 @@ def _reap(chan: socket.socket, pool: _Workers) -> bool:
             oom = pool.gone(pid)
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+            host = pool.host_pids.forget(pid) if pool.host_pids is not None else pid
             try:
-                exited = Exited(pid=pid, signal=sig, code=code, oom=oom, cpu_s=usage.ru_utime + usage.ru_stime,
+                exited = Exited(pid=host, signal=sig, code=code, oom=oom, cpu_s=usage.ru_utime + usage.ru_stime,
                                 peak_rss_kb=usage.ru_maxrss)
                 framing.send(chan, exited.to_wire())
             except OSError:
@@ -327,7 +338,7 @@ def _reap(chan: socket.socket, pool: _Workers) -> bool:
 
 
 def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], config: WorkerConfig,
-                  group: Group | None, rehearsal: bool = False) -> int:
+                  group: Group | None, rehearsal: bool = False, host_pids: pidns.HostPids | None = None) -> int:
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -361,7 +372,8 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
     child_end.close()
     os.close(out_w)
     os.close(err_w)
-    framing.send_with_fds(chan, Spawned(worker=worker, pid=pid).to_wire(), [parent_end.fileno(), out_r, err_r])
+    host = host_pids.of(pid) if host_pids is not None else pid  # the supervisor's name for it
+    framing.send_with_fds(chan, Spawned(worker=worker, pid=host).to_wire(), [parent_end.fileno(), out_r, err_r])
     parent_end.close()
     os.close(out_r)
     os.close(err_r)

@@ -155,7 +155,8 @@ class WorkerInfo(Body):
     """The worker that ran (or was running) the call."""
 
     id: int = Field(description="the worker's slot number in the executor")
-    pid: int = Field(description="its process id")
+    pid: int = Field(description="its process id as the executor's host sees it "
+                                 "(a tool in a PID namespace sees another)")
     incarnation: int = Field(description="how many processes that slot has had")
     restarted: bool = Field(default=False, description="the call cost its worker: it was killed or died and "
                             "is replaced, so any state a tool kept in it is lost")

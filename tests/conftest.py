@@ -103,6 +103,61 @@ def require_layer(present: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+def nspid(pid: int) -> list[int]:
+    """A process's pids, the host's first, then one per nested PID namespace (``NSpid``); [] if gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return [int(p) for p in line.split()[1:]]
+    except OSError:
+        pass
+    return []
+
+
+def template_of(supervisor: int) -> int:
+    """The host pid of an executor's template: the supervisor's child that is PID 1 of its own
+    namespace, or (where the executor could not make one) its only child running Python; 0 if none."""
+    try:
+        children = psutil.Process(supervisor).children()
+    except psutil.NoSuchProcess:
+        return 0
+    for child in children:
+        if nspid(child.pid)[1:2] == [1]:
+            return child.pid
+    return children[0].pid if len(children) == 1 else 0
+
+
+def host_pid(supervisor: int, pid: int) -> int:
+    """The host pid of the live process of an executor (supervisor ``supervisor``) that a tool knows
+    as ``pid``: its pid in the template's PID namespace, where workers run in one (otherwise the host
+    pid itself); 0 if no such process lives. Tools see only their namespace, tests the host."""
+    template = template_of(supervisor)
+    if template and nspid(template)[1:2] != [1]:  # no namespace: a tool's pid is the host's
+        return pid if _live(pid) else 0
+    try:
+        tree = psutil.Process(supervisor).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
+    for p in tree:
+        ids = nspid(p.pid)
+        if len(ids) >= 2 and ids[1] == pid and _live(p.pid):
+            return p.pid
+    return 0
+
+
+def _live(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def pid_namespaces() -> bool:
+    """Whether executors here run their workers in a PID namespace of their own (as root they do)."""
+    return os.geteuid() == 0
+
+
 def _cgroups_mounted() -> bool:
     try:
         with open("/proc/mounts") as f:

@@ -44,7 +44,7 @@ from executor.cgroups import CgroupSupport
 from executor.pool import KILL_GRACE, RETIRE_GRACE, TEMPLATE_ANSWER_TIMEOUT
 from protocol import Call, Result, encode
 from protocol.environment import ALWAYS, ALWAYS_PREFIXES
-from tests.conftest import TESTS, require_layer
+from tests.conftest import TESTS, host_pid, nspid, pid_namespaces, require_layer, template_of
 from tests.pool import wait_until
 from tests.test_executor_faults import Wire, _alive, assert_tree_is_supervisor_template_and
 
@@ -90,12 +90,6 @@ def timed(client: ExecutorClient, tool: str, timeout: float | None = None, **kwa
     started = time.monotonic()
     result = client.call(Call(tool=tool, kwargs=kwargs), timeout=timeout)
     return result, time.monotonic() - started
-
-
-def template_pid(client: ExecutorClient) -> int:
-    r = client.call(Call(tool="whoami"))
-    assert r.ok, r.error
-    return int(r.value["ppid"])
 
 
 def _start(**options: Any) -> LocalExecutor:
@@ -375,53 +369,101 @@ def test_a_controllers_secrets_never_reach_a_tool_through_local_executor(
 # ----------------------------------------------------------------------------------- the template
 
 
+def kill_template(local: LocalExecutor) -> int:
+    """SIGKILL the executor's template from outside (as the kernel's OOM killer or an operator
+    might: a tool cannot, its template being the init of its PID namespace) and return its pid once
+    a new one runs."""
+    assert local.proc is not None
+    old = template_of(local.proc.pid)
+    assert old, "the executor has no template"
+    os.kill(old, signal.SIGKILL)
+    wait_until("a new template", lambda: template_of(local.proc.pid) not in (0, old),  # type: ignore[union-attr]
+               timeout=TEMPLATE_ANSWER_TIMEOUT + GRACE)
+    return old
+
+
+def test_a_tool_cannot_kill_stop_or_signal_the_template(executor: LocalExecutor, client: ExecutorClient) -> None:
+    """The template is PID 1 of the workers' PID namespace: the kernel spares it every signal sent
+    from inside that it has no handler for, SIGKILL and SIGSTOP included. Tools try both, and
+    ``kill -1`` (every process they may signal: only their namespace's)."""
+    require_layer(pid_namespaces(), "workers share the executor's PID namespace here (it takes root)")
+    assert executor.proc is not None
+    template = template_of(executor.proc.pid)
+    assert nspid(template)[1:] == [1], "the premise: the template is PID 1 of its namespace"
+    for tool in ("kill_template", "stop_template", "kill_everything"):
+        r = client.call(Call(tool=tool))
+        assert r.ok or (r.error is not None and r.error.kind == "crashed"), r  # kill -1 ends the tool itself too
+        assert template_of(executor.proc.pid) == template, f"{tool}: the template was replaced"
+        assert psutil.Process(template).status() != psutil.STATUS_STOPPED, f"{tool}: the template stopped"
+        after, took = timed(client, "echo", value=tool)
+        assert after.ok and after.value == tool and took < GRACE, (after, took)
+    held(executor)
+
+
 def test_killing_the_template_costs_one_call_and_the_executor_recovers(
     executor: LocalExecutor, client: ExecutorClient, tmp_path: Path
 ) -> None:
-    old = template_pid(client)
+    assert executor.proc is not None
     assert_tree_is_supervisor_template_and(executor, None)  # no worker exit (and sweep) races the attack
     pid_file = tmp_path / "clone.pid"
-    r = client.call(Call(tool="kill_template", kwargs={"pid_file": str(pid_file)}))
-    assert r.ok or (r.error is not None and r.error.kind == "crashed"), r  # it races its own worker's death
+    call = client.submit(Call(tool="kill_template", kwargs={"pid_file": str(pid_file), "kill": False, "hold": 30}))
+    wait_until("the tool to start a child of the template", lambda: pid_file.exists() and pid_file.read_text(),
+               timeout=TIMEOUT)
+    orphan = host_pid(executor.proc.pid, int(pid_file.read_text().split(":")[0]))  # the template's CLONE_PARENT child
+    assert orphan, "the premise: the tool left a child of the template"
+    old = kill_template(executor)
+    r = call.result(timeout=TIMEOUT + GRACE)
+    assert r.error is not None and r.error.kind == "crashed" and r.worker is not None and r.worker.restarted, r
     # The next call may be lost to the race below (test_the_call_after_a_template_kill_succeeds); the
     # executor must not be: it answers, and calls succeed again at once.
     wait_until("a call to succeed after the template was killed",
                lambda: client.call(Call(tool="echo", args=["after"])).value == "after", timeout=GRACE)
-    assert executor.proc is not None and executor.proc.poll() is None
-    assert template_pid(client) != old and not _alive(old)
-    orphan = int(pid_file.read_text().split(":")[0])  # the template's CLONE_PARENT child went to the supervisor
+    assert executor.proc.poll() is None
+    assert not _alive(old)
     wait_until("the dead template's CLONE_PARENT child to be killed", lambda: not _alive(orphan), timeout=GRACE)
     held(executor)
 
 
 def test_the_call_after_a_template_kill_succeeds(executor: LocalExecutor, client: ExecutorClient) -> None:
+    """The template is killed right after a call answered: the next call may reach a worker forked
+    ahead, which dies with the template. It must not be lost (such a worker does not start a call
+    while its template is dying, and a worker that dies before starting one sends it back)."""
+    assert executor.proc is not None
     lost = []
     rounds = 12  # the race was lost about 1 round in 3: twelve rounds miss it about 1 run in 70
     for n in range(rounds):
-        client.call(Call(tool="kill_template"))
+        assert client.call(Call(tool="echo", args=[n])).ok
+        os.kill(template_of(executor.proc.pid), signal.SIGKILL)
         after = client.call(Call(tool="echo", args=[n]))
         if not after.ok:
             lost.append(after.error)
-    assert not lost, f"{len(lost)} of {rounds} innocent calls sent right after the attack failed: {lost[0]}"
+        wait_until("a template", lambda: template_of(executor.proc.pid) != 0, timeout=GRACE)  # type: ignore[union-attr]
+    assert not lost, f"{len(lost)} of {rounds} innocent calls sent right after the template died failed: {lost[0]}"
+
+
+def template_identity(value: dict[str, Any]) -> tuple[str, int]:
+    """Which template a ``whoami`` call's worker was forked by: its PID namespace (one per template
+    where the machine allows) and its parent's pid (where it does not)."""
+    return value["pidns"], value["ppid"]
 
 
 def test_a_replaced_template_holds_nothing_of_the_supervisors_memory(
     make_client: Callable[..., ExecutorClient],
 ) -> None:
-    """Another client's calls pass through the supervisor, whose freed memory still holds them. A
-    tool kills the template; had the replacement been forked from the supervisor, as before, the next
-    worker would find every one of them in its own address space (5 of 5 here). It is a fresh
+    """Another client's calls pass through the supervisor, whose freed memory still holds them. The
+    template dies; had the replacement been forked from the supervisor, as before, the next worker
+    would find every one of them in its own address space (5 of 5 here). It is a fresh
     interpreter: none is there."""
     victim = make_client(tools=[ATTACKS], timeout=TIMEOUT)
     halves = [[f"VICTIM{uuid.uuid4().hex[:8]}", f"{uuid.uuid4().hex}END"] for _ in range(5)]
     for a, b in halves:
         assert victim.call(Call(tool="echo", args=[a + b])).value == a + b
-    r = victim.call(Call(tool="kill_template"))
-    assert r.ok or (r.error is not None and r.error.kind == "crashed"), r
+    before = template_identity(victim.call(Call(tool="whoami")).value)
+    kill_template(victim.local)  # type: ignore[attr-defined]
     found = victim.call(Call(tool="secrets_in_memory", kwargs={"halves": halves}))
     assert found.ok, found.error
     assert found.value["memory"] == [], f"a worker of the new template holds another client's calls: {found.value}"
-    assert int(victim.call(Call(tool="whoami")).value["ppid"]) != r.value
+    assert template_identity(victim.call(Call(tool="whoami")).value) != before
 
 
 SHADOW_MSGPACK = """import os, sys, importlib
@@ -445,23 +487,30 @@ def test_a_module_left_in_the_workspace_never_runs_in_a_replacement_template(
     marker = tmp_path / "shadow-ran"
     (workspace / "msgpack.py").write_text(SHADOW_MSGPACK.format(marker=str(marker), workspace=str(workspace)))
     client = make_client(tools=[ATTACKS], timeout=TIMEOUT, workspace=str(workspace))
-    r = client.call(Call(tool="kill_template"))
-    assert r.ok or (r.error is not None and r.error.kind == "crashed"), r
+    before = template_identity(client.call(Call(tool="whoami")).value)
+    kill_template(client.local)  # type: ignore[attr-defined]
     after = client.call(Call(tool="whoami"))
-    assert after.ok and after.value["ppid"] != r.value, after
+    assert after.ok and template_identity(after.value) != before, after
     assert not marker.exists(), f"msgpack.py from the workspace ran in process {marker.read_text()}"
 
 
-@pytest.mark.parametrize("tool", ["stop_template", "stop_the_rest"])
+@pytest.mark.parametrize("tool", ["", "stop_next_workers"], ids=["template", "template-and-workers"])
 def test_a_stopped_template_is_replaced_and_calls_are_answered_within_a_bound(
     executor: LocalExecutor, client: ExecutorClient, tool: str
 ) -> None:
-    """``stop_template`` stops the template only (a worker forked ahead may still take the next call);
-    ``stop_the_rest`` also stops that worker, so the next call has nowhere to go until the
-    template is replaced."""
-    stopped = client.call(Call(tool=tool))
-    assert stopped.ok, stopped.error
-    pids = stopped.value if isinstance(stopped.value, list) else [stopped.value]
+    """The template is stopped (SIGSTOP from outside: a tool cannot stop its namespace's init), so
+    a worker forked ahead may still take the next call; with ``stop_next_workers`` a tool stops
+    those workers too, and the next call has nowhere to go until the template is replaced."""
+    assert executor.proc is not None
+    pids = []
+    if tool:
+        stopped = client.call(Call(tool=tool))
+        assert stopped.ok, stopped
+        pids = [host_pid(executor.proc.pid, p) for p in stopped.value]
+        assert all(pids), "the premise: the tool stopped live workers"
+    template = template_of(executor.proc.pid)
+    os.kill(template, signal.SIGSTOP)
+    pids.append(template)
     wire = Wire(executor.endpoint)
     try:
         for i in range(3):
@@ -493,37 +542,29 @@ def test_a_tool_holding_every_worker_cannot_make_a_queued_call_wait_past_its_tim
     assert not hog.done()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "HOLE: a tool SIGKILLs the supervisor (its parent's parent; same user, and in the default profile its pid "
-    "is addressable): the executor is gone (exit -9) and the client's call ends `unavailable`, although the "
-    "README says signalling the executor's processes 'costs only calls in flight, which are answered'. And "
-    "what the call left goes on: a CLONE_PARENT child (the template's) is reparented to init when the template "
-    "dies of PR_SET_PDEATHSIG, and its control groups stay, nobody being left to kill them. Reproduce: "
-    "attacks.kill_supervisor(pid_file) then look at the pid written there. Workers in their own PID namespace "
-    "(as the hardened profile makes them) would stop both: the supervisor is not addressable and the kernel "
-    "kills a namespace with its init."))
 def test_a_tool_cannot_kill_the_supervisor_or_leave_processes_behind_it(
     make_client: Callable[..., ExecutorClient], tmp_path: Path
 ) -> None:
+    """Closed (was: a tool SIGKILLed the supervisor, its parent's parent, of the same user: the
+    executor was gone and a ``CLONE_PARENT`` child of the template outlived it). The workers' PID
+    namespace leaves a tool no way to address the supervisor: told its pid, ``kill``, ``pidfd_open``
+    and a ``/proc/PID`` descriptor all fail."""
+    require_layer(pid_namespaces(), "workers share the executor's PID namespace here (it takes root)")
     client = make_client(tools=[ATTACKS], timeout=TIMEOUT)
     local: LocalExecutor = client.local  # type: ignore[attr-defined]
     assert local.proc is not None and client.welcome is not None
     pid_file = tmp_path / "clone.pid"
-    attack = client.submit(Call(tool="kill_supervisor", kwargs={"pid_file": str(pid_file)}))
-    try:
-        wait_until("the attack to end, or the executor", lambda: attack.done() or local.proc.poll() is not None,  # type: ignore[union-attr]
-                   timeout=TIMEOUT + GRACE)
+    for pid in (0, local.proc.pid):  # the parent of its template, then the supervisor's pid as the host knows it
+        attack = client.call(Call(tool="kill_supervisor", kwargs={"pid_file": str(pid_file), "pid": pid}))
         assert local.proc.poll() is None, f"the executor died (exit {local.proc.returncode})"
+        assert attack.ok, attack.error
+        assert "sent" not in attack.value.values(), f"a signal reached something: {attack.value}"
         assert client.call(Call(tool="echo", args=["after"])).value == "after"
-        if pid_file.exists():
-            orphan = int(pid_file.read_text())
-            wait_until("the CLONE_PARENT child to be killed", lambda: not _alive(orphan), timeout=GRACE)
-    finally:  # what the hole leaves behind: the orphan and the dead executor's groups
-        if pid_file.exists() and _alive(int(pid_file.read_text())):
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
-        support = CgroupSupport.detect()
-        if support is not None and local.proc.poll() is not None:
-            support.remove_named(f"{client.welcome.executor}-")
+        if pid_file.exists():  # (a hardened worker, PID 1 of its own namespace, cannot make one)
+            wait_until("the CLONE_PARENT child to be killed",
+                       lambda: not host_pid(local.proc.pid, int(pid_file.read_text())),  # type: ignore[union-attr]
+                       timeout=GRACE)
+    held(local)
 
 
 # --------------------------------------------------------------------------- processes that will not die
@@ -589,21 +630,27 @@ def test_a_worker_does_not_start_a_call_while_its_template_is_dying(
     make_client: Callable[..., ExecutorClient], freezer: Path
 ) -> None:
     """The race of ``test_the_call_after_a_template_kill_succeeds`` held open: the template is frozen
-    with a SIGKILL pending, dying but not dead, as in the gap between a tool's kill and the template's
-    exit. The next call reaches the worker forked ahead, which would die with the template (and the
-    call be answered ``crashed``) once it exits: that worker must not start it, and the call must run
-    in a worker of the next template. Two workers: one for the attack, one forked ahead for the call."""
+    with a SIGKILL pending, dying but not dead, as in the gap between its kill and its exit. The next
+    call reaches the worker forked ahead, which would die with the template (and the call be
+    answered ``crashed``) once it exits: that worker must not start it, and the call must run in a
+    worker of the next template. Two workers: one for the first call, one forked ahead for the next."""
     client = make_client(tools=[ATTACKS], timeout=TIMEOUT, workers=2)
+    local: LocalExecutor = client.local  # type: ignore[attr-defined]
+    assert local.proc is not None
     first = client.call(Call(tool="whoami"))  # its worker exits; another is forked once the pool is quiet
-    assert first.ok, first.error
-    template = psutil.Process(first.value["ppid"])
+    assert first.ok and first.worker is not None, first.error
+    template = psutil.Process(template_of(local.proc.pid))
     wait_until("two workers to be forked ahead",
-               lambda: len([c for c in template.children() if c.pid != first.value["pid"]]) == 2, timeout=5)
-    dying = client.call(Call(tool="kill_frozen_template", kwargs={"group": str(freezer)}))
-    assert dying.ok, dying.error
+               lambda: len([c for c in template.children() if c.pid != first.worker.pid]) == 2,  # type: ignore[union-attr]
+               timeout=5)
+    freezer.mkdir()
+    (freezer / "cgroup.procs").write_text(str(template.pid))
+    (freezer / "freezer.state").write_text("FROZEN")
+    template.kill()  # pending until it is thawed
     after, took = timed(client, "whoami", timeout=TEMPLATE_ANSWER_TIMEOUT + 2 * KILL_GRACE + 1)
     assert after.ok, after.error
-    assert after.value["ppid"] != dying.value, "the call ran in a worker of the dying template"
+    assert template_identity(after.value) != template_identity(first.value), \
+        "the call ran in a worker of the dying template"
     assert took < TEMPLATE_ANSWER_TIMEOUT + 2 * KILL_GRACE + GRACE, f"the call took {took:.1f} s"
 
 
@@ -684,11 +731,13 @@ def test_clone_parent_children_do_not_outlive_the_call(
 ) -> None:
     client = make_client(tools=[ATTACKS], timeout=TIMEOUT, **options)
     local: LocalExecutor = client.local  # type: ignore[attr-defined]
-    template = template_pid(client)
+    assert local.proc is not None
+    me = client.call(Call(tool="whoami"))
+    assert me.ok and me.worker is not None
+    template = me.value["ppid"]  # as the tool sees it
     # Wait for the worker of that call to be gone: the template's sweep at its exit would otherwise
     # kill the clones while the attack is still making them (which is a defense, but hides the premise).
-    assert_tree_is_supervisor_template_and(local, None if not options.get("reuse_workers") else
-                                           client.call(Call(tool="whoami")).value["pid"])
+    assert_tree_is_supervisor_template_and(local, None if not options.get("reuse_workers") else me.worker.pid)
     r = client.call(Call(tool="clone_parent_chain", kwargs={"depth": 3}))
     # The template may sweep the chain before it is complete, even before the maker reads a clone's parent
     # (a reused worker's previous call ends with a sweep, which may come late): that is the defense working.
@@ -696,8 +745,9 @@ def test_clone_parent_children_do_not_outlive_the_call(
     if not options.get("reuse_workers"):  # no sweep can race the attack: the premise must show
         assert any(c["ppid"] == template for c in r.value), f"the premise: children of the template, {r.value}"
     assert all(c["ppid"] in (template, 0) for c in r.value), r.value  # 0: already killed
-    pids = [c["pid"] for c in r.value]
-    wait_until("the CLONE_PARENT children to be killed", lambda: not any(_alive(p) for p in pids), timeout=GRACE)
+    pids = [c["pid"] for c in r.value]  # in the tool's PID namespace
+    wait_until("the CLONE_PARENT children to be killed",
+               lambda: not any(host_pid(local.proc.pid, p) for p in pids), timeout=GRACE)  # type: ignore[union-attr]
     after = client.call(Call(tool="whoami"))
     assert after.ok and after.worker is not None
     held(local, after.worker.pid if options.get("reuse_workers") else None)
@@ -800,7 +850,8 @@ def test_writing_on_the_templates_channel_costs_only_the_template(
 ) -> None:
     client = make_client(tools=[ATTACKS], timeout=TIMEOUT)
     local: LocalExecutor = client.local  # type: ignore[attr-defined]
-    template = template_pid(client)
+    assert local.proc is not None
+    template = template_of(local.proc.pid)
     try:
         client.call(Call(tool="write_on_template_channel", kwargs={"mb": 120, "stall": stall}))
         wire = Wire(local.endpoint)

@@ -40,6 +40,7 @@ from protocol import (
     decode,
     encode,
 )
+from tests.conftest import host_pid
 
 FAULTY = str(Path(__file__).parent / "tools" / "faulty.py")
 TIMEOUT = 2.0  # the executor's default wall-clock limit
@@ -320,9 +321,11 @@ def _survives(fault: Fault, executor: LocalExecutor, client: ExecutorClient, wir
     if fault.leftovers is not None:
         # The worker kills what the tool started before it answers, for at most its KILL_WAIT; the
         # template kills what is left once that worker has exited: dead within a bound, if not at once.
-        pids = fault.leftovers(result)
+        pids = fault.leftovers(result)  # as the tool saw them: in its PID namespace
+        assert executor.proc is not None
+        supervisor = executor.proc.pid
         deadline = time.monotonic() + 5
-        while (leaked := [pid for pid in pids if _alive(pid)]) and time.monotonic() < deadline:
+        while (leaked := [pid for pid in pids if host_pid(supervisor, pid)]) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not leaked, f"{len(leaked)} processes the tool started outlived the call: {leaked[:5]}"
     assert_tree_is_supervisor_template_and(executor, after.worker.pid if reuse else None)
@@ -524,14 +527,13 @@ def test_output_over_the_cap_is_an_output_limit_even_when_the_tool_returns_at_on
 def test_a_worker_that_closes_its_channel_is_killed_not_leaked(
     executor: LocalExecutor, client: ExecutorClient
 ) -> None:
-    pid = client.call(Call(tool="whoami")).value["pid"]
     r = client.call(Call(tool="close_channel_then_sleep"), timeout=20)
     assert r.error is not None and r.error.kind == "crashed", r
     assert r.worker is not None and r.worker.restarted
     assert r.stats is not None and r.stats.wall_s < 5
     after = client.call(Call(tool="whoami"))
     assert after.ok
-    assert not _alive(pid)
+    assert not _alive(r.worker.pid)
     assert_tree_is_supervisor_template_and(executor, None)
 
 

@@ -41,9 +41,10 @@ def echo(value: object = None) -> object:
 
 
 @tool
-def whoami() -> dict[str, int]:
-    """The worker's pid and its parent's (the template's)."""
-    return {"pid": os.getpid(), "ppid": os.getppid()}
+def whoami() -> dict[str, Any]:
+    """The worker's pid and its parent's (the template's), as this worker sees them, and its PID
+    namespace (each template has its own, where the machine allows)."""
+    return {"pid": os.getpid(), "ppid": os.getppid(), "pidns": os.readlink("/proc/self/ns/pid")}
 
 
 @tool
@@ -339,10 +340,11 @@ def secrets_in_memory(halves: list[list[str]]) -> dict[str, list[str]]:
 
 
 @tool
-def kill_template(pid_file: str = "") -> int:
+def kill_template(pid_file: str = "", kill: bool = True, hold: float = 0.0) -> int:
     """SIGKILL the template (this worker's parent) and return its pid. With ``pid_file``, first start
     a ``CLONE_PARENT`` child (a child of the template, which the template's death hands on to the
-    supervisor) and write its pid there."""
+    supervisor) and write its pid there; with ``kill=False`` only that, then sleep ``hold`` seconds
+    (while the test kills the template)."""
     if pid_file:
         r, w = os.pipe()
         _clone_level(1, w)
@@ -352,7 +354,9 @@ def kill_template(pid_file: str = "") -> int:
         with open(pid_file, "w") as f:
             f.write(pid)
     ppid = os.getppid()
-    os.kill(ppid, signal.SIGKILL)
+    if kill:
+        os.kill(ppid, signal.SIGKILL)
+    time.sleep(hold)
     return ppid
 
 
@@ -698,18 +702,55 @@ def spin_ignoring_sigxcpu(threads: int = 2) -> None:
 
 
 @tool
-def kill_supervisor(pid_file: str = "") -> int:
-    """SIGKILL the supervisor (the template's parent: any process of the same user may). With
-    ``pid_file``, first start a ``CLONE_PARENT`` child (a child of the template) and write its pid
-    there: when the template dies with the supervisor, nothing is left to kill it."""
+def kill_supervisor(pid_file: str = "", pid: int = 0) -> dict[str, str]:
+    """SIGKILL the supervisor: ``pid`` (its pid as the host sees it: the log and ``ps`` show it) or
+    else the template's parent, every way a process of the same user may (``kill``, a pidfd, a
+    ``/proc/PID`` descriptor), and say what each did. With ``pid_file``, first start a
+    ``CLONE_PARENT`` child (a child of the template) and write its pid there: were the template to
+    die with the supervisor, nothing would be left to kill it."""
     if pid_file:
         r, w = os.pipe()
-        _clone_level(1, w)
+        try:
+            _clone_level(1, w)  # EINVAL for the init of a PID namespace (a hardened worker)
+        except OSError:
+            pass
         os.close(w)
         with os.fdopen(r, "rb") as f:
-            pid = f.read().decode().split(":")[0]
-        with open(pid_file, "w") as f:
-            f.write(pid)
-    supervisor = _parent_of(os.getppid())
-    os.kill(supervisor, signal.SIGKILL)
-    return supervisor
+            child = f.read().decode().split(":")[0]
+        if child:
+            with open(pid_file, "w") as f:
+                f.write(child)
+    target = pid or _parent_of(os.getppid())
+    if target <= 0:  # never kill(0): that is our own process group
+        return {"kill": "no pid to aim at", "pidfd": "no pid to aim at", "proc": "no pid to aim at"}
+    tried: dict[str, str] = {}
+    for way in ("kill", "pidfd", "proc"):
+        fd = -1
+        try:
+            if way == "kill":
+                os.kill(target, signal.SIGKILL)
+            else:
+                flags = os.O_RDONLY | os.O_DIRECTORY
+                fd = os.pidfd_open(target) if way == "pidfd" else os.open(f"/proc/{target}", flags)
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            tried[way] = "sent"
+        except OSError as e:
+            tried[way] = e.strerror or str(e)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    return tried
+
+
+@tool
+def kill_everything() -> int:
+    """``kill(-1, SIGKILL)``: every process this worker may signal (never init, nor itself). Run it
+    only where workers have a PID namespace of their own: otherwise that is every process of the
+    executor's user."""
+    if os.getppid() != 1:  # our template is not the init of our namespace
+        raise RuntimeError("refusing kill(-1) outside a PID namespace of the executor's")
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        return 0  # no other process in the namespace but init
+    return 1

@@ -17,13 +17,19 @@ def _log(path: str, line: str) -> None:
         os.close(fd)
 
 
+def _template() -> str:
+    """Which executor's template forked this worker, as the worker sees it: its PID namespace (one
+    per template where the machine allows) and its parent's pid."""
+    return f"{os.readlink('/proc/self/ns/pid')}/{os.getppid()}"
+
+
 @tool(timeout=30)
 def work(tag: str, log: str = "", seconds: float = 0.0) -> dict[str, object]:
     """Sleep `seconds`, record `tag` in the side-effect log `log`, and say which process ran it."""
     if seconds:
         time.sleep(seconds)
     if log:
-        _log(log, f"{tag} {os.getppid()}")
+        _log(log, f"{tag} {_template()}")
     return {"tag": tag, "pid": os.getpid()}
 
 
@@ -31,7 +37,7 @@ def work(tag: str, log: str = "", seconds: float = 0.0) -> dict[str, object]:
 def lookup(tag: str, log: str = "", seconds: float = 0.0) -> dict[str, object]:
     """Like `work`, but safe to run again: the pool may re-run it on another executor."""
     if log:
-        _log(log, f"start {tag} {os.getppid()}")
+        _log(log, f"start {tag} {_template()}")
     if seconds:
         time.sleep(seconds)
     return {"tag": tag, "pid": os.getpid()}

@@ -87,17 +87,10 @@ def probe() -> dict[str, Any]:
 
 
 @tool
-def kill_template() -> int:
-    """SIGKILL the template (this worker's parent) and return its pid."""
-    ppid = os.getppid()
-    os.kill(ppid, signal.SIGKILL)
-    return ppid
-
-
-@tool
-def template_pid() -> int:
-    """The pid of this worker's template."""
-    return os.getppid()
+def template_pid() -> str:
+    """Which template forked this worker: its PID namespace (one per template where the machine
+    allows) and its parent's pid, as this worker sees them."""
+    return f"{os.readlink('/proc/self/ns/pid')}:{os.getppid()}"
 
 
 @tool
