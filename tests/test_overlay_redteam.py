@@ -284,14 +284,14 @@ def test_a_deep_change_set_does_not_stop_every_later_call_writing() -> None:
 
 def _sandboxed_call_keeper(served: Served) -> psutil.Process:
     """The keeper of the call running now: the parent of the sandboxed process (PID 1 of a namespace
-    of its own). Waited for with a bound."""
+    of its own, nested in the template's). Waited for with a bound."""
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         for p in psutil.Process(served.proc.pid).children(recursive=True):
             with contextlib.suppress(psutil.NoSuchProcess, OSError, StopIteration):
                 with open(f"/proc/{p.pid}/status") as f:
                     nspid = next(line.split()[1:] for line in f if line.startswith("NSpid:"))
-                if nspid[-1] == "1":
+                if nspid[-1] == "1" and p.ppid() != served.proc.pid:  # not the template (PID 1 of the workers')
                     return p.parent()
         time.sleep(0.01)
     raise AssertionError("no sandboxed call was seen running within 15 s")
