@@ -99,11 +99,13 @@ class Sweep(_Message):
 
 @dataclass(frozen=True)
 class ToolsLoaded(_Message):
-    """Template -> supervisor, once: the tool specs (ToolSpec dumps) and the cgroup layers in use."""
+    """Template -> supervisor, once: the tool specs (ToolSpec dumps), the cgroup layers in use, and
+    why the template is not PID 1 of a namespace of its own ("" when it is: ``executor.pidns``)."""
 
     OP: ClassVar[str] = "tools"
     specs: list[dict[str, Any]]
     cgroups: str = ""
+    pid_ns: str = ""
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,8 @@ def template_message(obj: Any) -> TemplateMessage:
     if op == Sweep.OP:
         return Sweep()
     if op == ToolsLoaded.OP:
-        return ToolsLoaded(specs=_field(obj, "specs", list), cgroups=_field(obj, "cgroups", str, ""))
+        return ToolsLoaded(specs=_field(obj, "specs", list), cgroups=_field(obj, "cgroups", str, ""),
+                           pid_ns=_field(obj, "pid_ns", str, ""))
     if op == LoadFailed.OP:
         return LoadFailed(message=_field(obj, "message", str))
     if op == Spawned.OP:

@@ -1,36 +1,53 @@
 """The template and its workers in a PID namespace of their own, in every profile where the machine
-allows it (``CAP_SYS_ADMIN``: root, as on CI).
+allows it.
 
-The supervisor calls ``unshare(CLONE_NEWPID)`` just before it forks a template and ``setns`` back
-just after, so the template is PID 1 of a new namespace and every worker, and all a tool starts, is
-in it. From there a tool cannot address the supervisor, the controller or any other process of its
-user by pid: ``kill``, ``pidfd_open`` and ``kill(-1)`` resolve pids in the caller's namespace, and a
+The template is PID 1 of a new PID namespace, and every worker, and all a tool starts, is in it.
+From there a tool cannot address the supervisor, the controller or any other process of its user
+by pid: ``kill``, ``pidfd_open`` and ``kill(-1)`` resolve pids in the caller's namespace, and a
 ``/proc/PID`` descriptor of an outside process is refused by ``pidfd_send_signal``. The template is
 its namespace's init, which the kernel spares every signal sent from inside that it has no handler
 for (``SIGKILL`` and ``SIGSTOP`` included), and when the template dies the kernel kills everything
 left in the namespace, ``CLONE_PARENT`` children of children included.
 
-The template mounts a ``/proc`` of its namespace (in a mount namespace of its own that host mounts
-still propagate into, and nothing propagates out of), so that its and its workers' ``/proc`` reads
-name the same processes their ``kill`` calls do, and a tool sees only the namespace's processes. It
-keeps a descriptor of the host's ``/proc`` to translate a worker's pid into the one the supervisor
-uses (``HostPids``): the supervisor, the log and a result's ``worker.pid`` always give host pids.
+Two ways to get there:
 
-Where the namespace cannot be made (no ``CAP_SYS_ADMIN``), the template runs in the executor's
-namespace as before, and the executor logs at start-up that a tool can signal the executor's
-processes there.
+- **As root** (``CAP_SYS_ADMIN``): the supervisor calls ``unshare(CLONE_NEWPID)`` just before it
+  forks the template and ``setns`` back just after (``isolate_next_child``, ``restore``), so its
+  child is PID 1 of the new namespace.
+- **As any other user**, where unprivileged user namespaces are allowed: the forked child makes a
+  user namespace mapping only its own uid and gid (so its tools see the uid they always had, and
+  files of other users as ``nobody``), a PID namespace owned by it, and forks the template into it
+  (``enter_user_namespace``). It stays as a small *relay* between the supervisor and the template:
+  it dies with the supervisor, the template dies with it, and it exits when the template does. The
+  template holds capabilities inside its user namespace only (none on the host), and its workers
+  drop them all (``user_namespace``): a worker could otherwise mount over paths the next calls see.
+
+Either way the template, first thing, mounts a ``/proc`` of its namespace (in a mount namespace of
+its own that host mounts still propagate into, and nothing propagates out of; ``set_up_child``),
+so that its and its workers' ``/proc`` reads name the same processes their ``kill`` calls do, and a
+tool sees only the namespace's processes. It keeps a descriptor of the host's ``/proc`` to translate
+a worker's pid into the one the supervisor uses (``HostPids``): the supervisor, the log and a
+result's ``worker.pid`` always give host pids.
+
+Where neither works, the template runs in the executor's own namespace as before, and the executor
+logs at start-up that a tool can signal the executor's processes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import signal
+from typing import NoReturn
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_SLAVE = 0x2, 0x4, 0x8, 0x4000, 0x80000
+PR_SET_PDEATHSIG = 1
 FAILED = "pid-ns: "  # a template's LoadFailed message that starts so: it could not set its namespace up
 
 
@@ -39,14 +56,16 @@ class _Unavailable(Exception):
 
 
 _own_ns = -1  # the supervisor's own PID namespace, kept open to setns back into
-_why_not: str | None = None  # set once unshare was refused: the reason, and no further tries
+_why_not: str | None = None  # set once the root way was refused: the reason, and no further tries
+_refused: str | None = None  # set once a template could not set its namespace up: no more tries at all
+user_namespace = False  # in a template (and its workers) made in a user namespace of its own
 
 
 def isolate_next_child() -> bool:
     """In the supervisor, just before ``os.fork()``: the child will be PID 1 of a new PID namespace.
-    False (and nothing changed) where the machine refuses it; ``why_not()`` says why."""
+    False (and nothing changed) where the machine refuses it (not root)."""
     global _own_ns, _why_not
-    if _why_not is not None:
+    if _why_not is not None or _refused is not None:
         return False
     try:
         if _own_ns < 0:
@@ -65,15 +84,20 @@ def restore() -> None:
     _setns(_own_ns)
 
 
+def why_not() -> str:
+    """Why a template forked now would not be PID 1 of a namespace of its own by the root way."""
+    return _refused or _why_not or ""
+
+
+def try_user_namespace() -> bool:
+    """In the supervisor: whether a template it forks now should try ``enter_user_namespace``."""
+    return _refused is None and _why_not is not None
+
+
 def refuse(reason: str) -> None:
     """Make no more namespaces (a template could not set one up: ``reason``)."""
-    global _why_not
-    _why_not = reason
-
-
-def why_not() -> str | None:
-    """Why templates run in the executor's own PID namespace, or None if they do not."""
-    return _why_not
+    global _refused
+    _refused = reason
 
 
 def _setns(fd: int) -> None:
@@ -83,8 +107,59 @@ def _setns(fd: int) -> None:
 
 
 def in_own_namespace() -> bool:
-    """In a template: whether it is PID 1 of the namespace the supervisor made for it."""
+    """In a template: whether it is PID 1 of the namespace made for it."""
     return os.getpid() == 1 and os.getppid() == 0
+
+
+def enter_user_namespace() -> str:
+    """In the child the supervisor just forked (one thread): make a user namespace of our own uid
+    and gid and a PID namespace in it, and fork the template there. Returns only in the template
+    (PID 1 of the new namespace), with "" ; or, if the kernel refuses, in this same process, which
+    is then the template in the executor's namespace, with the reason. The forked-from process
+    stays as the relay and never returns."""
+    global user_namespace
+    uid, gid = os.geteuid(), os.getegid()
+    if _libc.unshare(CLONE_NEWUSER) != 0:
+        return f"unshare(CLONE_NEWUSER): {os.strerror(ctypes.get_errno())}"
+    user_namespace = True  # from here on we hold capabilities in it: workers must drop them
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            fd = os.open(f"/proc/self/{name}", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, text.encode())
+            finally:
+                os.close(fd)
+    except OSError as e:
+        return f"mapping our uid in a user namespace: {e.strerror}"
+    if _libc.unshare(CLONE_NEWPID) != 0:
+        return f"unshare(CLONE_NEWPID) in a user namespace: {os.strerror(ctypes.get_errno())}"
+    template = os.fork()
+    if template == 0:
+        return ""
+    _relay(template)
+
+
+def _relay(template: int) -> NoReturn:
+    """The process between the supervisor and a template in a user namespace: dies with the
+    supervisor (the template dies with us), exits when the template does, holds nothing."""
+    with contextlib.suppress(OSError):
+        os.closerange(3, 1 << 16)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    code = 1
+    while True:
+        try:
+            _, status = os.waitpid(template, 0)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            break
+        code = os.waitstatus_to_exitcode(status)
+        break
+    os._exit(code if code >= 0 else 128 - code)
 
 
 class HostPids:
@@ -120,9 +195,6 @@ class HostPids:
         """The host pid of a child that died (0 if it was never ours)."""
         return self.known.pop(pid, 0)
 
-    def host_pid(self) -> int:
-        return self.me
-
 
 def _nspid(status: bytes) -> list[int]:
     """The pids of a task's NSpid line (``/proc/PID/status``), outermost namespace first."""
@@ -140,16 +212,20 @@ def _read(dir_fd: int, path: str) -> bytes:
         os.close(fd)
 
 
-def set_up_template() -> HostPids:
-    """In a template that is PID 1 of its namespace, first thing: a mount namespace of its own
-    (slave: host mounts still come in, nothing goes out), and in it a ``/proc`` of the new PID
-    namespace. Raises ``OSError`` with what failed."""
-    host_proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    pids = HostPids(host_proc)
-    if _libc.unshare(CLONE_NEWNS) != 0:
-        raise OSError(ctypes.get_errno(), f"{FAILED}unshare(CLONE_NEWNS): {os.strerror(ctypes.get_errno())}")
-    if _libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None) != 0:
-        raise OSError(ctypes.get_errno(), f"{FAILED}making / a slave mount: {os.strerror(ctypes.get_errno())}")
-    if _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
-        raise OSError(ctypes.get_errno(), f"{FAILED}mounting /proc: {os.strerror(ctypes.get_errno())}")
-    return pids
+def set_up_child() -> int:
+    """In a template that is PID 1 of its namespace, first thing (before it execs, if it does): a
+    mount namespace of its own (slave: host mounts still come in, nothing goes out), and in it a
+    ``/proc`` of the new PID namespace. Returns a descriptor of the host's ``/proc`` (inheritable,
+    for ``HostPids``). Raises ``OSError`` with what failed."""
+    host_proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _libc.unshare(CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), f"{FAILED}unshare(CLONE_NEWNS): {os.strerror(ctypes.get_errno())}")
+        if _libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None) != 0:
+            raise OSError(ctypes.get_errno(), f"{FAILED}making / a slave mount: {os.strerror(ctypes.get_errno())}")
+        if _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+            raise OSError(ctypes.get_errno(), f"{FAILED}mounting /proc: {os.strerror(ctypes.get_errno())}")
+    except OSError:
+        os.close(host_proc)
+        raise
+    return host_proc

@@ -47,8 +47,11 @@ from executor.channel import (
     ToolsLoaded,
     template_message,
 )
+from executor.privacy import drop_capabilities
 from executor.worker import (
+    PID_NS_NOTE,
     PR_SET_CHILD_SUBREAPER,
+    PR_SET_PDEATHSIG,
     SHUTDOWN_WAIT,
     WorkerConfig,
     close_fds_except,
@@ -174,9 +177,10 @@ class WorkerPool:
                 pidns.restore()
         if pid == 0:
             ours.close()
+            host_proc, why = _template_namespace(isolated, theirs, supervisor)
             if fresh:
-                _exec_template(theirs, supervisor)
-            template_main(theirs, self.config)
+                _exec_template(theirs, supervisor, host_proc, why)
+            template_main(theirs, self.config, host_proc=host_proc, pid_ns_note=why)
         theirs.close()
         self.template_pid, self.template = pid, ours
         ours.settimeout(TEMPLATE_START_TIMEOUT)
@@ -200,11 +204,11 @@ class WorkerPool:
         if not isinstance(first, ToolsLoaded):
             self._kill_template()
             raise StartupError(first.message if isinstance(first, LoadFailed) else f"unexpected {first!r}")
-        if not self.pid_ns_warned and (why := pidns.why_not()) is not None:
+        if first.pid_ns and not self.pid_ns_warned:
             self.pid_ns_warned = True
             log.warning("workers run in the executor's own PID namespace (%s): a tool can signal the executor's "
-                        "processes and every other process of its user; run as root, or use --profile hardened",
-                        why)
+                        "processes and every other process of its user; run as root, allow unprivileged user "
+                        "namespaces, or use --profile hardened", first.pid_ns)
         specs = {s["name"]: ToolSpec.model_validate(s) for s in first.specs}
         if self.specs and specs != self.specs:
             log.warning("the new template's tools differ from the first one's; keeping the first list")
@@ -754,20 +758,56 @@ class WorkerPool:
                 self.poller.unregister(fd)
 
 
-def _exec_template(chan: socket.socket, supervisor: int) -> NoReturn:
+def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) -> tuple[int, str]:
+    """In the child just forked to be a template: make it PID 1 of a namespace of its own
+    (``executor.pidns``) if the supervisor could not (``isolated``: as root it did), and set that
+    namespace's ``/proc`` up. Returns a descriptor of the host's ``/proc`` (or -1) and, if the
+    template is not in a namespace of its own, why not. A namespace whose ``/proc`` cannot be set up
+    is reported to the supervisor (``pidns.FAILED``), which then starts templates without one."""
+    _prctl_pdeathsig()
+    if os.getppid() not in (supervisor, 0):  # it died before we could ask to die with it
+        os._exit(1)
+    why = ""
+    if not isolated:
+        why = pidns.why_not()
+        if pidns.try_user_namespace():  # returns in the template only (the relay stays behind)
+            note = pidns.enter_user_namespace()
+            why = f"{why}; {note}" if note else ""
+    if not pidns.in_own_namespace():
+        return -1, why or "no PID namespace"
+    try:
+        host_proc = pidns.set_up_child()
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            framing.send(chan, LoadFailed(message=e.strerror or str(e)).to_wire())
+        os._exit(3)
+    if pidns.user_namespace:  # what it holds there (CAP_SYS_ADMIN: mounts every worker would see) goes now
+        drop_capabilities(*range(int(procfs.read("/proc/sys/kernel/cap_last_cap")) + 1))
+    return host_proc, ""
+
+
+def _prctl_pdeathsig() -> None:
+    worker_prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _exec_template(chan: socket.socket, supervisor: int, host_proc: int = -1, pid_ns_note: str = "") -> NoReturn:
     """In the child forked to be a fresh template: become ``python -P -m executor.template``, keeping
     only the standard descriptors and ``chan``. ``-P``: our working directory is the workspace, which
     tools may write; on the new interpreter's path, a file there named like a module it imports would
     run in the template, outside any sandbox. It finds ``executor`` through PYTHONPATH, and then takes
     our ``sys.path`` from ``Configure``."""
     try:
-        close_fds_except(0, 1, 2, chan.fileno())
+        close_fds_except(0, 1, 2, chan.fileno(), host_proc)
         os.set_inheritable(chan.fileno(), True)
+        if host_proc >= 0:
+            os.set_inheritable(host_proc, True)
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(framing.__file__)))  # where `executor` is
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-        os.execve(sys.executable,
-                  [sys.executable, "-P", "-m", "executor.template", str(chan.fileno()), str(supervisor)], env)
+        if pid_ns_note:
+            env[PID_NS_NOTE] = pid_ns_note
+        os.execve(sys.executable, [sys.executable, "-P", "-m", "executor.template", str(chan.fileno()),
+                                   str(supervisor), str(host_proc)], env)
     finally:
         os._exit(127)
 

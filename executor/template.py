@@ -1,4 +1,4 @@
-"""Entry of a template started afresh: ``python -P -m executor.template CHANNEL_FD SUPERVISOR_PID``.
+"""Entry of a template started afresh: ``python -P -m executor.template CHANNEL_FD SUPERVISOR_PID HOST_PROC_FD``.
 
 The first template is forked from the supervisor before it has read a key or a call. A template
 that replaces a dead or wedged one is not: by then the supervisor's memory holds other clients'
@@ -19,18 +19,20 @@ import sys
 from executor import framing, hardening
 from executor.channel import ChannelError, Configure
 from executor.privacy import not_dumpable, scrub_initial_environment
-from executor.worker import PR_SET_PDEATHSIG, WorkerConfig, _prctl, template_main
+from executor.worker import PID_NS_NOTE, PR_SET_PDEATHSIG, WorkerConfig, _prctl, template_main
 
 CONFIGURE_TIMEOUT = 10.0  # seconds to wait for the supervisor's Configure (it sends it right after the fork)
 
 
 def main(argv: list[str]) -> None:
     fd, supervisor = int(argv[0]), int(argv[1])
+    host_proc = int(argv[2]) if len(argv) > 2 else -1  # the host's /proc, when we are PID 1 of our own namespace
+    pid_ns_note = os.environ.pop(PID_NS_NOTE, "")
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() not in (supervisor, 0):  # it died before we could ask to die with it (0: we are
         os._exit(1)                           # PID 1 of our own namespace; then its channel says so)
-    try:
-        me = int(os.readlink("/proc/self"))  # our pid for the log, as the host sees it (before our /proc is mounted)
+    try:  # our pid for the log, as the host sees it
+        me = int(os.readlink("self", dir_fd=host_proc) if host_proc >= 0 else os.getpid())
     except (OSError, ValueError):
         me = os.getpid()
     not_dumpable()  # exec made us dumpable again: no ptrace or /proc/PID/mem of us by a tool of our user
@@ -49,7 +51,7 @@ def main(argv: list[str]) -> None:
                         format=f"%(asctime)s ciayn-executor[{me}] %(levelname)s %(message)s")
     if config.hardened is not None:
         hardening.restore(config.hardened)
-    template_main(chan, WorkerConfig.from_wire(config.worker))
+    template_main(chan, WorkerConfig.from_wire(config.worker), host_proc=host_proc, pid_ns_note=pid_ns_note)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ from protocol.environment import allowed_environment
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PID_NS_NOTE = "CIAYN_PID_NS_NOTE"  # to a template started afresh: why it is not in a PID namespace of its own
 MAX_TRACEBACK_CHARS = 4000
 MAX_MESSAGE_CHARS = 4000
 MAX_TYPE_CHARS = 200
@@ -179,18 +180,17 @@ def kill_children(keep: frozenset[int] = frozenset(), wait: float = KILL_WAIT) -
 # template
 
 
-def template_main(chan: socket.socket, config: WorkerConfig) -> None:
-    """Entry of the template process (never returns)."""
+def template_main(chan: socket.socket, config: WorkerConfig, host_proc: int = -1, pid_ns_note: str = "") -> None:
+    """Entry of the template process (never returns). ``host_proc``: a descriptor of the host's
+    ``/proc`` when the template is PID 1 of a namespace of its own (``executor.pidns``); otherwise
+    ``pid_ns_note`` says why it is not."""
     code = 0
     try:
-        close_fds_except(0, 1, 2, chan.fileno())  # the supervisor's pidfd, sockets, pipes: not ours
+        close_fds_except(0, 1, 2, chan.fileno(), host_proc)  # the supervisor's pidfd, sockets, pipes: not ours
         host_pids = None
-        if pidns.in_own_namespace():  # PID 1 of the namespace the supervisor made for us
-            try:
-                host_pids = pidns.set_up_template()
-            except OSError as e:
-                framing.send(chan, LoadFailed(message=str(e.strerror or e)).to_wire())
-                os._exit(3)
+        if host_proc >= 0:
+            os.set_inheritable(host_proc, False)
+            host_pids = pidns.HostPids(host_proc)
         kept = allowed_environment(os.environ, config.pass_env)
         os.environ.clear()
         os.environ.update(kept)
@@ -210,7 +210,8 @@ def template_main(chan: socket.socket, config: WorkerConfig) -> None:
             rehearse()  # once here too: what it needs is made before any worker is forked
         gc.freeze()  # a worker's garbage collections never walk (and so copy) the template's objects
         framing.send(chan, ToolsLoaded(specs=[t.spec.model_dump() for t in tools.values()],
-                                       cgroups=pool.cgroups.describe() if pool.cgroups else "").to_wire())
+                                       cgroups=pool.cgroups.describe() if pool.cgroups else "",
+                                       pid_ns=pid_ns_note).to_wire())
         _template_loop(chan, tools, pool)
     except BaseException:
         traceback.print_exc()

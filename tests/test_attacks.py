@@ -400,6 +400,48 @@ def test_a_tool_cannot_kill_stop_or_signal_the_template(executor: LocalExecutor,
     held(executor)
 
 
+CAP_SYS_ADMIN = 21
+
+
+def _drop_cap_sys_admin() -> None:
+    """preexec_fn: drop CAP_SYS_ADMIN from the bounding set, so the executor (even as root) cannot
+    make a PID namespace the root way and must use a user namespace, as any other user does."""
+    if ctypes.CDLL(None, use_errno=True).prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN)")
+
+
+def test_without_the_right_to_make_namespaces_the_template_gets_one_in_a_user_namespace(
+    start_raw: Callable[..., LocalExecutor],
+) -> None:
+    """As a user without CAP_SYS_ADMIN (any user but root), the forked child makes a user namespace
+    of its own uid and a PID namespace in it, and forks the template there; it stays between them as
+    a relay. The tools' view is the same as root's: PID 1 is their template, the supervisor cannot be
+    reached, and they hold no capability (in the user namespace the template held them all)."""
+    if os.geteuid() != 0:
+        pytest.skip("dropping CAP_SYS_ADMIN from the bounding set takes root (as another user this is every test)")
+    local = start_raw(preexec_fn=_drop_cap_sys_admin)
+    assert local.client is not None and local.proc is not None
+    client = local.client
+    me = client.call(Call(tool="whoami"))
+    assert me.ok and me.value["ppid"] == 1, me
+    assert client.call(Call(tool="capabilities")).value == 0, "a worker holds capabilities in its user namespace"
+    tried = client.call(Call(tool="kill_supervisor", kwargs={"pid": local.proc.pid}))
+    assert tried.ok and "sent" not in tried.value.values(), tried
+    for tool in ("kill_template", "stop_template"):
+        assert client.call(Call(tool=tool)).ok
+        after, took = timed(client, "echo", value=tool)
+        assert after.ok and after.value == tool and took < GRACE, (after, took)
+    [relay] = psutil.Process(local.proc.pid).children()
+    [template] = relay.children()
+    assert nspid(relay.pid)[1:] == [] and nspid(template.pid)[1:] == [1]
+    assert "PID namespace" not in local.log_path.read_text(), "it warned that workers share its namespace"
+    wire = Wire(local.endpoint)
+    try:
+        wire.ping(within=1.0)
+    finally:
+        wire.close()
+
+
 def test_killing_the_template_costs_one_call_and_the_executor_recovers(
     executor: LocalExecutor, client: ExecutorClient, tmp_path: Path
 ) -> None:
