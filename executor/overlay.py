@@ -915,7 +915,7 @@ class Keeper:
         flight (a death after its answer does not undo it), then forward its frames."""
         reply = self._reply()
         if reply is not None:
-            from executor.pool import APPLY_GRACE  # imported late, like _reply_cap's (loaded already in a worker)
+            from protocol.timing import APPLY_GRACE  # imported late, like _reply_cap's (loaded already in a worker)
 
             try:
                 problem = commit(self.upper, self.workspace, self.quota, self.tally,

@@ -25,9 +25,9 @@ Two ways to get there:
 Either way the template, first thing, mounts a ``/proc`` of its namespace (in a mount namespace of
 its own that host mounts still propagate into, and nothing propagates out of; ``set_up_child``),
 so that its and its workers' ``/proc`` reads name the same processes their ``kill`` calls do, and a
-tool sees only the namespace's processes. It keeps a descriptor of the host's ``/proc`` to translate
-a worker's pid into the one the supervisor uses (``HostPids``): the supervisor, the log and a
-result's ``worker.pid`` always give host pids.
+tool sees only the namespace's processes. The template reports its workers by their pids in the
+namespace; the supervisor translates them to host pids through its own ``/proc`` (``HostPids``), so
+the supervisor, the log and a result's ``worker.pid`` always give host pids.
 
 Where neither works, the template runs in the executor's own namespace as before, and the executor
 logs at start-up that a tool can signal the executor's processes.
@@ -163,37 +163,57 @@ def _relay(template: int) -> NoReturn:
 
 
 class HostPids:
-    """In a template that is PID 1 of its namespace: the host pid of each worker it forks."""
+    """In the supervisor, for a template that is PID 1 of its namespace: the host pid of each
+    worker it reports (by its pid in that namespace). The template holds no descriptor of the host's
+    ``/proc``: a root tool could take it from the template (``/proc/1/fd``) and read host processes
+    through it."""
 
-    def __init__(self, host_proc: int) -> None:
-        self.proc = host_proc  # a descriptor of the host's /proc, opened before ours was mounted
-        self.me = int(os.readlink("self", dir_fd=host_proc))
-        # Our namespace's place in the NSpid lines of the host's /proc (the host's pid first, then
-        # one per nested namespace): ours ends with 1; a hardened worker's has one more, its own.
-        self.level = len(_nspid(_read(host_proc, f"{self.me}/status"))) - 1
-        self.known: dict[int, int] = {}  # our pid -> host pid, for the workers alive
+    def __init__(self, template: int) -> None:
+        self.template = template  # its host pid
+        # Its namespace's place in NSpid lines (the host's pid first, then one per nested namespace):
+        # its own ends with 1; a hardened worker's has one more entry, its own namespace's.
+        self.level = len(_nspid(_read(f"/proc/{template}/status"))) - 1
+        self.known: dict[int, int] = {}  # pid in the namespace -> host pid, for the workers alive
 
     def of(self, pid: int) -> int:
-        """The host pid of our child ``pid`` (just forked, alive or a zombie); remembered until
-        ``forget``. Raises ``OSError`` if it is not among our children."""
+        """The host pid of the template's child ``pid`` (just forked, alive or a zombie); remembered
+        until ``forget``. 0 if it is not among the template's children (gone already)."""
         taken = set(self.known.values())
-        children = _read(self.proc, f"{self.me}/task/{self.me}/children").split()
+        try:
+            children = _read(f"/proc/{self.template}/task/{self.template}/children").split()
+        except OSError:
+            return 0
         for host in (int(c) for c in children):
             if host in taken:
                 continue
             try:
-                status = _read(self.proc, f"{host}/status")
+                nspid = _nspid(_read(f"/proc/{host}/status"))
             except OSError:
                 continue
-            nspid = _nspid(status)
             if len(nspid) > self.level and nspid[self.level] == pid:
                 self.known[pid] = host
                 return host
-        raise OSError(f"child {pid} is not among the template's children in the host's /proc")
+        return 0
 
     def forget(self, pid: int) -> int:
-        """The host pid of a child that died (0 if it was never ours)."""
+        """The host pid of a worker that died (0 if it was never seen)."""
         return self.known.pop(pid, 0)
+
+
+def template_in(relay_or_template: int) -> int:
+    """The host pid of the template the supervisor forked (``relay_or_template``): that process if
+    it is PID 1 of its namespace, else its child that is (a template in a user namespace has a relay
+    above it); 0 if neither."""
+    try:
+        if _nspid(_read(f"/proc/{relay_or_template}/status"))[1:2] == [1]:
+            return relay_or_template
+        children = _read(f"/proc/{relay_or_template}/task/{relay_or_template}/children").split()
+        for child in (int(c) for c in children):
+            if _nspid(_read(f"/proc/{child}/status"))[1:2] == [1]:
+                return child
+    except OSError:
+        pass
+    return 0
 
 
 def _nspid(status: bytes) -> list[int]:
@@ -204,28 +224,21 @@ def _nspid(status: bytes) -> list[int]:
     return []
 
 
-def _read(dir_fd: int, path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+def _read(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return os.read(fd, 1 << 16)
     finally:
         os.close(fd)
 
 
-def set_up_child() -> int:
+def set_up_child() -> None:
     """In a template that is PID 1 of its namespace, first thing (before it execs, if it does): a
     mount namespace of its own (slave: host mounts still come in, nothing goes out), and in it a
-    ``/proc`` of the new PID namespace. Returns a descriptor of the host's ``/proc`` (inheritable,
-    for ``HostPids``). Raises ``OSError`` with what failed."""
-    host_proc = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if _libc.unshare(CLONE_NEWNS) != 0:
-            raise OSError(ctypes.get_errno(), f"{FAILED}unshare(CLONE_NEWNS): {os.strerror(ctypes.get_errno())}")
-        if _libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None) != 0:
-            raise OSError(ctypes.get_errno(), f"{FAILED}making / a slave mount: {os.strerror(ctypes.get_errno())}")
-        if _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
-            raise OSError(ctypes.get_errno(), f"{FAILED}mounting /proc: {os.strerror(ctypes.get_errno())}")
-    except OSError:
-        os.close(host_proc)
-        raise
-    return host_proc
+    ``/proc`` of the new PID namespace. Raises ``OSError`` with what failed."""
+    if _libc.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), f"{FAILED}unshare(CLONE_NEWNS): {os.strerror(ctypes.get_errno())}")
+    if _libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None) != 0:
+        raise OSError(ctypes.get_errno(), f"{FAILED}making / a slave mount: {os.strerror(ctypes.get_errno())}")
+    if _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+        raise OSError(ctypes.get_errno(), f"{FAILED}mounting /proc: {os.strerror(ctypes.get_errno())}")

@@ -61,6 +61,7 @@ from executor.worker import (
 )
 from executor.worker import _prctl as worker_prctl
 from protocol import ErrorInfo, Result, Signal, Stats, ToolSpec, WorkerInfo
+from protocol.timing import APPLY_GRACE  # hardened --workspace-rw: what a call that answered in time gets to apply
 
 log = logging.getLogger("ciayn-executor")
 
@@ -77,7 +78,6 @@ RETIRE_GRACE = 2.0  # a worker that answered its one call must exit within this,
 IDLE_READ_LIMIT = 64 * 1024  # what a worker with no call may send before it is cut off (it should send nothing)
 REFILL_QUIET = 0.002  # fresh workers: a replacement is forked once the pool has been quiet this long...
 REFILL_MAX_DELAY = 0.02  # ...or this long after it was first due, whichever comes first
-APPLY_GRACE = 60.0  # hardened --workspace-rw: what a call that answered in time gets to have its writes applied
 SPIN_AFTER_DISPATCH = 0.0003  # seconds of polling without sleep after a dispatch (quick calls' replies)
 POLL_MAX_S = 1.0
 MAX_ABANDONED = 64  # processes that would not die, remembered for the log
@@ -148,6 +148,7 @@ class WorkerPool:
         self.template_fd = -1
         self.template_restarts = 0
         self.pid_ns_warned = False
+        self.host_pids: pidns.HostPids | None = None  # the template's workers' host pids, when it has a namespace
         self.poller: zmq.Poller | None = None
         self.fd_owner: dict[int, tuple[Slot, str]] = {}
         self.spin_until = 0.0
@@ -177,10 +178,10 @@ class WorkerPool:
                 pidns.restore()
         if pid == 0:
             ours.close()
-            host_proc, why = _template_namespace(isolated, theirs, supervisor)
+            why = _template_namespace(isolated, theirs, supervisor)
             if fresh:
-                _exec_template(theirs, supervisor, host_proc, why)
-            template_main(theirs, self.config, host_proc=host_proc, pid_ns_note=why)
+                _exec_template(theirs, supervisor, why)
+            template_main(theirs, self.config, pid_ns_note=why)
         theirs.close()
         self.template_pid, self.template = pid, ours
         ours.settimeout(TEMPLATE_START_TIMEOUT)
@@ -204,6 +205,14 @@ class WorkerPool:
         if not isinstance(first, ToolsLoaded):
             self._kill_template()
             raise StartupError(first.message if isinstance(first, LoadFailed) else f"unexpected {first!r}")
+        self.host_pids = None
+        if not first.pid_ns:  # PID 1 of its own namespace: it names its workers by their pids there
+            template = pidns.template_in(self.template_pid)
+            if not template:
+                self._kill_template()
+                raise StartupError("the template says it is PID 1 of a namespace of its own, but no such child is "
+                                   f"under process {pid}")
+            self.host_pids = pidns.HostPids(template)
         if first.pid_ns and not self.pid_ns_warned:
             self.pid_ns_warned = True
             log.warning("workers run in the executor's own PID namespace (%s): a tool can signal the executor's "
@@ -481,11 +490,20 @@ class WorkerPool:
             self._replace_template(f"sent something that is not one of its messages ({e}): did a tool write on "
                                    "its channel?")
             return
-        if isinstance(msg, Spawned) and len(fds) >= 3:
+        if isinstance(msg, Spawned) and len(fds) >= 3 and (host := self._host_pid(msg.pid)) <= 0:
+            log.warning("worker %d (pid %d in the template's namespace) was gone before it could be used",
+                        msg.worker, msg.pid)
+            self.spawning.pop(msg.worker, None)
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._refill(urgent=bool(self.queued()))
+            return
+        elif isinstance(msg, Spawned) and len(fds) >= 3:
             wid = msg.worker
             self.spawning.pop(wid, None)
             chan = socket.socket(fileno=fds[0])
-            slot = Slot(id=wid, pid=msg.pid, chan=chan, reader=framing.Reader(chan, IDLE_READ_LIMIT),
+            slot = Slot(id=wid, pid=host, chan=chan, reader=framing.Reader(chan, IDLE_READ_LIMIT),
                         out_fd=fds[1], err_fd=fds[2])
             os.set_blocking(slot.out_fd, False)
             os.set_blocking(slot.err_fd, False)
@@ -497,7 +515,9 @@ class WorkerPool:
             log.debug("worker %d ready (pid %d)", slot.id, slot.pid)
             self.dispatch()
         elif isinstance(msg, Exited):
-            pid = msg.pid
+            pid = self.host_pids.forget(msg.pid) if self.host_pids is not None else msg.pid
+            if pid <= 0:
+                return  # a worker that was gone before we knew it (logged then)
             if self.retiring.pop(pid, None) is not None:
                 return  # a fresh worker that answered its one call and exited, as it should
             if pid in self.abandoned:
@@ -514,6 +534,10 @@ class WorkerPool:
         for fd in fds[3:] if isinstance(msg, Spawned) else fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+    def _host_pid(self, pid: int) -> int:
+        """A worker's host pid from the pid the template gave (its own, in its namespace)."""
+        return self.host_pids.of(pid) if self.host_pids is not None else pid
 
     def _flush(self, slot: Slot) -> None:
         """Send what the worker has not taken yet, never blocking: a worker still busy (a tool that
@@ -758,12 +782,12 @@ class WorkerPool:
                 self.poller.unregister(fd)
 
 
-def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) -> tuple[int, str]:
+def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) -> str:
     """In the child just forked to be a template: make it PID 1 of a namespace of its own
     (``executor.pidns``) if the supervisor could not (``isolated``: as root it did), and set that
-    namespace's ``/proc`` up. Returns a descriptor of the host's ``/proc`` (or -1) and, if the
-    template is not in a namespace of its own, why not. A namespace whose ``/proc`` cannot be set up
-    is reported to the supervisor (``pidns.FAILED``), which then starts templates without one."""
+    namespace's ``/proc`` up. Returns "" or, if the template is not in a namespace of its own, why
+    not. A namespace whose ``/proc`` cannot be set up is reported to the supervisor
+    (``pidns.FAILED``), which then starts templates without one."""
     _prctl_pdeathsig()
     if os.getppid() not in (supervisor, 0):  # it died before we could ask to die with it
         os._exit(1)
@@ -774,40 +798,38 @@ def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) ->
             note = pidns.enter_user_namespace()
             why = f"{why}; {note}" if note else ""
     if not pidns.in_own_namespace():
-        return -1, why or "no PID namespace"
+        return why or "no PID namespace"
     try:
-        host_proc = pidns.set_up_child()
+        pidns.set_up_child()
     except OSError as e:
         with contextlib.suppress(OSError):
             framing.send(chan, LoadFailed(message=e.strerror or str(e)).to_wire())
         os._exit(3)
     if pidns.user_namespace:  # what it holds there (CAP_SYS_ADMIN: mounts every worker would see) goes now
         drop_capabilities(*range(int(procfs.read("/proc/sys/kernel/cap_last_cap")) + 1))
-    return host_proc, ""
+    return ""
 
 
 def _prctl_pdeathsig() -> None:
     worker_prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _exec_template(chan: socket.socket, supervisor: int, host_proc: int = -1, pid_ns_note: str = "") -> NoReturn:
+def _exec_template(chan: socket.socket, supervisor: int, pid_ns_note: str = "") -> NoReturn:
     """In the child forked to be a fresh template: become ``python -P -m executor.template``, keeping
     only the standard descriptors and ``chan``. ``-P``: our working directory is the workspace, which
     tools may write; on the new interpreter's path, a file there named like a module it imports would
     run in the template, outside any sandbox. It finds ``executor`` through PYTHONPATH, and then takes
     our ``sys.path`` from ``Configure``."""
     try:
-        close_fds_except(0, 1, 2, chan.fileno(), host_proc)
+        close_fds_except(0, 1, 2, chan.fileno())
         os.set_inheritable(chan.fileno(), True)
-        if host_proc >= 0:
-            os.set_inheritable(host_proc, True)
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(framing.__file__)))  # where `executor` is
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         if pid_ns_note:
             env[PID_NS_NOTE] = pid_ns_note
-        os.execve(sys.executable, [sys.executable, "-P", "-m", "executor.template", str(chan.fileno()),
-                                   str(supervisor), str(host_proc)], env)
+        os.execve(sys.executable,
+                  [sys.executable, "-P", "-m", "executor.template", str(chan.fileno()), str(supervisor)], env)
     finally:
         os._exit(127)
 

@@ -26,7 +26,7 @@ from executor.endpoint import ClientSide, EndpointError, RouterEndpoint
 from executor.limits import effective_limits
 from executor.link import BrokerLink
 from executor.metrics import CallStats, MetricsServer
-from executor.pool import APPLY_GRACE, StartupError, WorkerPool
+from executor.pool import StartupError, WorkerPool
 from executor.privacy import not_dumpable, scrub_initial_environment
 from executor.worker import WorkerConfig
 from protocol import (
@@ -47,7 +47,7 @@ from protocol import (
     encode,
 )
 from protocol.curve import CurveError, load_pair, load_public
-from protocol.timing import HELD_RECENT
+from protocol.timing import APPLY_GRACE, HELD_RECENT
 from protocol.wire import LogBudget
 
 log = logging.getLogger("ciayn-executor")
@@ -174,8 +174,13 @@ class Supervisor:
                                   insecure=self.insecure)
         server_key = load_public(self.curve_server_key) if self.curve_server_key else None
         keys = load_pair(self.curve_secret) if self.curve_secret else None
-        return BrokerLink(ctx, self.endpoint, announce=self._ready, curve_server_key=server_key, curve_keys=keys,
-                          insecure=self.insecure)
+        return BrokerLink(ctx, self.endpoint, announce=self._ready, applying=self._applying,
+                          curve_server_key=server_key, curve_keys=keys, insecure=self.insecure)
+
+    def _applying(self) -> list[str]:
+        """Calls whose keeper said they answered and their workspace writes are being applied: the
+        broker gives them its apply grace past their deadline (heartbeat ``applying``)."""
+        return [s.job.call_id for s in self.pool.slots.values() if s.applying and s.job is not None]
 
     def _ready(self) -> Ready:
         """What a linked executor announces to the broker on every (re)connection."""

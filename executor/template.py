@@ -1,4 +1,4 @@
-"""Entry of a template started afresh: ``python -P -m executor.template CHANNEL_FD SUPERVISOR_PID HOST_PROC_FD``.
+"""Entry of a template started afresh: ``python -P -m executor.template CHANNEL_FD SUPERVISOR_PID``.
 
 The first template is forked from the supervisor before it has read a key or a call. A template
 that replaces a dead or wedged one is not: by then the supervisor's memory holds other clients'
@@ -26,15 +26,10 @@ CONFIGURE_TIMEOUT = 10.0  # seconds to wait for the supervisor's Configure (it s
 
 def main(argv: list[str]) -> None:
     fd, supervisor = int(argv[0]), int(argv[1])
-    host_proc = int(argv[2]) if len(argv) > 2 else -1  # the host's /proc, when we are PID 1 of our own namespace
     pid_ns_note = os.environ.pop(PID_NS_NOTE, "")
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() not in (supervisor, 0):  # it died before we could ask to die with it (0: we are
         os._exit(1)                           # PID 1 of our own namespace; then its channel says so)
-    try:  # our pid for the log, as the host sees it
-        me = int(os.readlink("self", dir_fd=host_proc) if host_proc >= 0 else os.getpid())
-    except (OSError, ValueError):
-        me = os.getpid()
     not_dumpable()  # exec made us dumpable again: no ptrace or /proc/PID/mem of us by a tool of our user
     scrub_initial_environment()
     chan = socket.socket(fileno=fd)
@@ -48,10 +43,10 @@ def main(argv: list[str]) -> None:
     if config.sys_path:
         sys.path[:] = config.sys_path  # the first template's, for the tools it imports
     logging.basicConfig(stream=sys.stderr, level=config.log_level,
-                        format=f"%(asctime)s ciayn-executor[{me}] %(levelname)s %(message)s")
+                        format=f"%(asctime)s ciayn-executor[{supervisor}] template %(levelname)s %(message)s")
     if config.hardened is not None:
         hardening.restore(config.hardened)
-    template_main(chan, WorkerConfig.from_wire(config.worker), host_proc=host_proc, pid_ns_note=pid_ns_note)
+    template_main(chan, WorkerConfig.from_wire(config.worker), pid_ns_note=pid_ns_note)
 
 
 if __name__ == "__main__":

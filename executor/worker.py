@@ -40,7 +40,7 @@ from typing import Any
 
 import msgpack
 
-from executor import framing, hardening, pidns, procfs, signals
+from executor import framing, hardening, procfs, signals
 from executor.cgroups import CgroupSupport, Group
 from executor.channel import (
     CallRequest,
@@ -180,21 +180,16 @@ def kill_children(keep: frozenset[int] = frozenset(), wait: float = KILL_WAIT) -
 # template
 
 
-def template_main(chan: socket.socket, config: WorkerConfig, host_proc: int = -1, pid_ns_note: str = "") -> None:
-    """Entry of the template process (never returns). ``host_proc``: a descriptor of the host's
-    ``/proc`` when the template is PID 1 of a namespace of its own (``executor.pidns``); otherwise
-    ``pid_ns_note`` says why it is not."""
+def template_main(chan: socket.socket, config: WorkerConfig, pid_ns_note: str = "") -> None:
+    """Entry of the template process (never returns). ``pid_ns_note``: why it is not PID 1 of a
+    namespace of its own (``executor.pidns``), or "" if it is."""
     code = 0
     try:
-        close_fds_except(0, 1, 2, chan.fileno(), host_proc)  # the supervisor's pidfd, sockets, pipes: not ours
-        host_pids = None
-        if host_proc >= 0:
-            os.set_inheritable(host_proc, False)
-            host_pids = pidns.HostPids(host_proc)
+        close_fds_except(0, 1, 2, chan.fileno())  # the supervisor's pidfd, sockets, pipes: not ours
         kept = allowed_environment(os.environ, config.pass_env)
         os.environ.clear()
         os.environ.update(kept)
-        pool = _Workers(CgroupSupport.detect() if config.use_cgroups else None, config, host_pids)
+        pool = _Workers(CgroupSupport.detect() if config.use_cgroups else None, config)
         if pool.cgroups is not None:
             pool.cgroups.sweep()
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -227,11 +222,9 @@ def template_main(chan: socket.socket, config: WorkerConfig, host_proc: int = -1
 class _Workers:
     """The template's live workers and their control groups."""
 
-    def __init__(self, cgroups: CgroupSupport | None, config: WorkerConfig,
-                 host_pids: pidns.HostPids | None = None) -> None:
+    def __init__(self, cgroups: CgroupSupport | None, config: WorkerConfig) -> None:
         self.cgroups = cgroups
         self.config = config
-        self.host_pids = host_pids  # in a PID namespace of our own: what the supervisor calls our workers
         self.groups: dict[int, Group | None] = {}
         self.dying: list[Group] = []
         self.count = 0
@@ -304,8 +297,7 @@ def _template_loop(chan: socket.socket, tools: dict[str, Tool], pool: _Workers) 
             if isinstance(req, Spawn):
                 group = pool.new_group(req.worker)
                 try:
-                    pid = _spawn_worker(chan, req.worker, tools, pool.config, group, rehearsal=req.rehearse,
-                                        host_pids=pool.host_pids)
+                    pid = _spawn_worker(chan, req.worker, tools, pool.config, group, rehearsal=req.rehearse)
                 except (BrokenPipeError, ConnectionResetError):  # the supervisor closed the channel: shutting down
                     if group is not None:
                         pool.dying.append(group)  # removed on the way out, with the worker it was made for
@@ -329,9 +321,8 @@ def _reap(chan: socket.socket, pool: _Workers) -> bool:
             oom = pool.gone(pid)
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-            host = pool.host_pids.forget(pid) if pool.host_pids is not None else pid
             try:
-                exited = Exited(pid=host, signal=sig, code=code, oom=oom, cpu_s=usage.ru_utime + usage.ru_stime,
+                exited = Exited(pid=pid, signal=sig, code=code, oom=oom, cpu_s=usage.ru_utime + usage.ru_stime,
                                 peak_rss_kb=usage.ru_maxrss)
                 framing.send(chan, exited.to_wire())
             except OSError:
@@ -339,7 +330,7 @@ def _reap(chan: socket.socket, pool: _Workers) -> bool:
 
 
 def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], config: WorkerConfig,
-                  group: Group | None, rehearsal: bool = False, host_pids: pidns.HostPids | None = None) -> int:
+                  group: Group | None, rehearsal: bool = False) -> int:
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -373,8 +364,7 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
     child_end.close()
     os.close(out_w)
     os.close(err_w)
-    host = host_pids.of(pid) if host_pids is not None else pid  # the supervisor's name for it
-    framing.send_with_fds(chan, Spawned(worker=worker, pid=host).to_wire(), [parent_end.fileno(), out_r, err_r])
+    framing.send_with_fds(chan, Spawned(worker=worker, pid=pid).to_wire(), [parent_end.fileno(), out_r, err_r])
     parent_end.close()
     os.close(out_r)
     os.close(err_r)

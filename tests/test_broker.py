@@ -570,15 +570,6 @@ def test_a_linked_executor_tells_the_broker_at_once_which_calls_it_is_applying(t
         ctx.term()
 
 
-def test_the_brokers_default_apply_grace_is_the_executors() -> None:
-    """``protocol.timing.APPLY_GRACE`` (the broker's --apply-grace default) and the grace the worker
-    pool gives a call applying its writes must agree (one constant, until the pool imports it)."""
-    from executor.pool import APPLY_GRACE as POOL_APPLY_GRACE
-    from protocol.timing import APPLY_GRACE
-
-    assert APPLY_GRACE == POOL_APPLY_GRACE
-
-
 def test_reconnection_backs_off_exponentially_up_to_a_bound() -> None:
     from protocol.timing import RECONNECT_INITIAL, RECONNECT_MAX, backoff
 

@@ -341,6 +341,45 @@ def test_a_call_that_answered_in_time_keeps_its_writes_however_long_its_apply(ws
     assert len(list((ws.workspace / "slow").iterdir())) == 1800
 
 
+def test_behind_a_broker_a_call_applying_past_its_timeout_keeps_its_writes(tmp_path: Path) -> None:
+    """The same apply, stopped past the call's timeout, with the executor in a pool: the broker
+    enforces every call's deadline itself, so it must hear from the executor (heartbeat
+    ``applying``) that the call answered and is applying, and wait for it, instead of answering it
+    ``timeout`` 2 s after its timeout while its writes land."""
+    from tests.pool import Pool
+
+    top, workspace = _workspace_dir()
+    pool = Pool(tmp_path)
+    try:
+        pool.start_broker()
+        args = ["--profile", "hardened", "--skip-selfcheck", "--workspace-rw", "--workspace-quota", str(QUOTA_MB),
+                "--workspace", str(workspace), "--timeout", str(TIMEOUT_S), "--memory-mb", "256"]
+        proc = pool.add_executor(TOOLS, 1, *args)
+        pool.wait_for_executors(1)
+        from controller import ExecutorClient
+
+        with ExecutorClient(pool.frontend, timeout=60) as client:
+            served = Served(proc, client, workspace, top)
+            future = client.submit(Call(tool="answer_just_before", kwargs={
+                "directory": "slow", "count": 1800, "deadline": 1.6, "margin": 0.0}), timeout=2.0)
+            try:
+                keeper = _suspend_keeper_in_apply(served)
+            except AssertionError as e:
+                raise AssertionError(f"{e}; the call: {future.result(timeout=30)}") from None
+            try:
+                with contextlib.suppress(TimeoutError):
+                    future.result(timeout=6.0)  # past the call's timeout and the broker's own 2 s
+            finally:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    keeper.resume()
+            result = future.result(timeout=60)
+        assert _ok(result) == "answered"
+        assert len(list((workspace / "slow").iterdir())) == 1800
+    finally:
+        pool.stop()
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def test_a_call_cannot_forge_its_keepers_apply_notice_to_buy_time(ws: Served) -> None:
     """``applying`` gives a call APPLY_GRACE (60 s) more; only a keeper may send it. A tool that sends
     it on its channel (for every sequence number) is stopped at once and answered as malformed, and
