@@ -38,13 +38,18 @@ def pool(tmp_path: Path, keys: dict[str, Path]) -> Iterator[Pool]:
     p.stop()
 
 
-def test_allowed_keys_work_and_anything_else_gets_nothing_on_both_broker_sockets(
-        pool: Pool, keys: dict[str, Path]) -> None:
+def _start_with_curve(pool: Pool, keys: dict[str, Path]) -> None:
+    """A broker with CurveZMQ on both sockets and one executor admitted with the ``worker`` key."""
     pool.start_broker("--curve-secret", str(keys["broker_sec"]), "--curve-clients", str(keys["clients"]),
                       "--curve-executors", str(keys["executors"]))
     pool.add_executor([POOL_TOOLS], 1, "--curve-secret", str(keys["worker"]),
                       "--curve-server-key", str(keys["broker_pub"]))
     pool.wait_for_executors(1)
+
+
+def test_allowed_keys_work_and_anything_else_gets_nothing_on_both_broker_sockets(
+        pool: Pool, keys: dict[str, Path]) -> None:
+    _start_with_curve(pool, keys)
     server = load_public(keys["broker_pub"])
     with ExecutorClient(pool.frontend, curve_server_key=server, curve_keys=load_pair(keys["alice"])) as client:
         assert client.call(Call(tool="work", kwargs={"tag": "hi"})).value["tag"] == "hi"
@@ -95,11 +100,7 @@ def test_an_executor_id_passes_at_once_only_to_a_connection_with_the_same_key(
     own key is the same executor, restarted: it replaces the member at once, whose running call is
     answered `crashed`."""
     _, other = keygen(keys["executors"], "worker2")
-    pool.start_broker("--curve-secret", str(keys["broker_sec"]), "--curve-clients", str(keys["clients"]),
-                      "--curve-executors", str(keys["executors"]))
-    pool.add_executor([POOL_TOOLS], 1, "--curve-secret", str(keys["worker"]),
-                      "--curve-server-key", str(keys["broker_pub"]))
-    pool.wait_for_executors(1)
+    _start_with_curve(pool, keys)
     server = load_public(keys["broker_pub"])
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
 
