@@ -138,7 +138,8 @@ class WorkerPool:
         self.queued = queued  # how many calls wait for a worker
         self.slots: dict[int, Slot] = {}  # live workers by id
         self.spawning: dict[int, float] = {}  # worker id -> when the template was asked for it
-        self.retiring: dict[int, float] = {}  # pid -> when it answered its one call (it exits by itself)
+        self.retiring: dict[int, float] = {}  # pid -> when it answered its one call (it stops or exits by itself)
+        self.ended: set[int] = set()  # retiring workers we have killed (their exit is on its way)
         self.abandoned: dict[int, str] = {}  # pid -> why: killed, but it did not die
         self.next_id = 0
         self.specs: dict[str, ToolSpec] = {}
@@ -311,6 +312,7 @@ class WorkerPool:
             self._close_slot(slot)
         self.spawning.clear()
         self.retiring.clear()
+        self.ended.clear()
         kill_children(wait=REPLACE_WAIT)  # the old template's orphans came to us (what SIGKILL cannot stop is left)
         self._remove_groups()
         self.template_restarts += 1
@@ -347,8 +349,8 @@ class WorkerPool:
                 wait = min(wait, slot.closed_at + EXIT_STATUS_WAIT - now)
         for asked in self.spawning.values():
             wait = min(wait, asked + TEMPLATE_ANSWER_TIMEOUT - now)
-        for answered in self.retiring.values():
-            wait = min(wait, answered + RETIRE_GRACE - now)
+        for pid, answered in self.retiring.items():
+            wait = min(wait, answered + (RETIRE_GRACE if pid in self.ended else REFILL_MAX_DELAY) - now)
         if self.refill_at:
             wait = min(wait, self.refill_at - now)
         if self.sweep_due:
@@ -427,6 +429,7 @@ class WorkerPool:
             self.refill_at = min(self.refill_first + REFILL_MAX_DELAY, now + REFILL_QUIET)
             return
         self.refill_at = 0.0
+        self._end_retired(time.monotonic(), every=missing > 0)
         # A worker made while a call waits with none ready is needed at once: a rehearsal would only
         # delay it. One made ahead (at start, or once the pool is quiet) takes its faults before its call.
         rehearse = not self.config.reuse and not (self.queued() and not self.ready())
@@ -466,10 +469,13 @@ class WorkerPool:
                         job.call_id, "crashed",
                         "the tool closed the worker's channel to the executor; the worker was killed")
                 self._kill(slot, "its channel closed but it did not exit")
+        self._end_retired(now)
         for pid, answered in list(self.retiring.items()):
             if now >= answered + RETIRE_GRACE:
                 del self.retiring[pid]
-                log.warning("worker pid %d answered its call but did not exit; killing it", pid)
+                if pid not in self.ended:
+                    log.warning("worker pid %d answered its call but did not exit; killing it", pid)
+                self.ended.discard(pid)
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         if self.template is not None and any(now >= t + TEMPLATE_ANSWER_TIMEOUT for t in self.spawning.values()):
@@ -518,6 +524,7 @@ class WorkerPool:
             pid = self.host_pids.forget(msg.pid) if self.host_pids is not None else msg.pid
             if pid <= 0:
                 return  # a worker that was gone before we knew it (logged then)
+            self.ended.discard(pid)
             if self.retiring.pop(pid, None) is not None:
                 return  # a fresh worker that answered its one call and exited, as it should
             if pid in self.abandoned:
@@ -698,6 +705,17 @@ class WorkerPool:
             slot.killed_at = time.monotonic()
             with contextlib.suppress(ProcessLookupError):
                 os.kill(slot.pid, signal.SIGKILL)
+
+    def _end_retired(self, now: float, every: bool = False) -> None:
+        """Kill the fresh workers that answered and stopped themselves (``worker_loop``): all of them
+        (``every``) when new ones are made (once the executor is quiet, or at once if a call waits for
+        one), else those that answered ``REFILL_MAX_DELAY`` ago. Their teardown then costs no answer
+        its time. Their exits are reported as usual."""
+        for pid, answered in self.retiring.items():
+            if pid not in self.ended and (every or now >= answered + REFILL_MAX_DELAY):
+                self.ended.add(pid)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     def _retire(self, slot: Slot) -> None:
         """Forget a worker that is done (answered its one call, or was killed): its exit is expected

@@ -11,9 +11,11 @@ kills it. It reports every worker's exit status to the supervisor.
 
 A **worker** is itself a child subreaper in its own session. It holds nothing but /dev/null as
 stdin, its stdout/stderr pipes (read by the supervisor) and its channel; every other descriptor the
-template or the supervisor had is closed. By default it runs **exactly one call** and exits, so
-nothing a call leaves in its process (patched modules, threads, alarms, a forged reply) reaches a
-later call; the template keeps workers forked ahead so a call does not wait for a fork. With
+template or the supervisor had is closed. By default it runs **exactly one call** and then stops
+itself (``SIGSTOP``: no thread a tool left runs on) until the supervisor kills it once the executor
+is quiet (so the teardown does not compete with the answer for the CPU), so nothing a call leaves in
+its process (patched modules, threads, alarms, a forged reply) reaches a later call; the template
+keeps workers forked ahead so a call does not wait for a fork. With
 ``reuse`` (``--reuse-workers``, for trusted tools that keep state) it loops over calls. Either way,
 after each call it kills every process the call left behind.
 
@@ -438,8 +440,15 @@ def worker_loop(chan: socket.socket, tools: dict[str, Tool], config: WorkerConfi
             chan.sendall(data)
         except OSError:
             return
-        if replace or not config.reuse:
-            return  # a fresh worker exits at once: threads a tool left stop with it, nothing runs on
+        if not config.reuse:
+            # A fresh worker is done: it stops at once (every thread a tool left stops with it, nothing
+            # runs on) and the supervisor kills it once the executor is quiet, so that tearing this
+            # process down does not take the CPU the answer needs on its way. PID 1 of a namespace of
+            # its own (a hardened worker) cannot stop itself: it exits now.
+            os.kill(os.getpid(), signal.SIGSTOP)
+            return
+        if replace:
+            return  # a reused worker that must be replaced exits at once
 
 
 def _started(seq: int) -> bytes:
