@@ -46,7 +46,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_SLAVE = 0x2, 0x4, 0x8, 0x4000, 0x80000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 0x1, 0x2, 0x4, 0x8, 0x20, 0x1000
+MS_REC, MS_SLAVE = 0x4000, 0x80000
 PR_SET_PDEATHSIG = 1
 FAILED = "pid-ns: "  # a template's LoadFailed message that starts so: it could not set its namespace up
 
@@ -180,7 +181,7 @@ class HostPids:
         until ``forget``. 0 if it is not among the template's children (gone already)."""
         taken = set(self.known.values())
         try:
-            children = _read(f"/proc/{self.template}/task/{self.template}/children").split()
+            children = _read(f"/proc/{self.template}/task/{self.template}/children", whole=True).split()
         except OSError:
             return 0
         for host in (int(c) for c in children):
@@ -224,10 +225,18 @@ def _nspid(status: bytes) -> list[int]:
     return []
 
 
-def _read(path: str) -> bytes:
+def _read(path: str, whole: bool = False) -> bytes:
+    """A /proc file's first 64 KiB, or (``whole``) all of it: a template's ``children`` list is as
+    long as the processes a tool parked there with ``CLONE_PARENT``."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return os.read(fd, 1 << 16)
+        data = os.read(fd, 1 << 16)
+        if whole:
+            parts = [data]
+            while chunk := os.read(fd, 1 << 16):
+                parts.append(chunk)
+            data = b"".join(parts)
+        return data
     finally:
         os.close(fd)
 
@@ -242,3 +251,12 @@ def set_up_child() -> None:
         raise OSError(ctypes.get_errno(), f"{FAILED}making / a slave mount: {os.strerror(ctypes.get_errno())}")
     if _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
         raise OSError(ctypes.get_errno(), f"{FAILED}mounting /proc: {os.strerror(ctypes.get_errno())}")
+    # The kernel's settings stay out of a root tool's reach (core_pattern runs a program as the
+    # host's root; sysrq-trigger crashes or reboots the machine). Workers lack the right to undo it.
+    for path in (b"/proc/sys", b"/proc/sysrq-trigger"):
+        if not os.path.exists(path):
+            continue  # (a kernel without magic SysRq)
+        if (_libc.mount(path, path, None, MS_BIND, None) != 0
+                or _libc.mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY, None) != 0):
+            raise OSError(ctypes.get_errno(), f"{FAILED}making {path.decode()} read-only: "
+                          f"{os.strerror(ctypes.get_errno())}")

@@ -489,7 +489,7 @@ class WorkerPool:
         try:
             raw, fds = framing.recv_with_fds(self.template, limit=TEMPLATE_FRAME_LIMIT)
             msg = template_message(raw)
-        except EOFError:
+        except (EOFError, ConnectionResetError):  # (a reset: it died with data we had not read)
             self._replace_template("died")
             return
         except (OSError, framing.FrameError, ValueError) as e:  # timeout; ChannelError is a ValueError

@@ -58,6 +58,17 @@ def scrub_initial_environment() -> bool:
 
 CAP_SYS_PTRACE = 19
 CAP_SYS_RESOURCE = 24
+# What a root worker of the default profile gives up besides those two: the rights over the machine
+# itself, none of which a tool needs to read, write and run things as root, and each of which breaks
+# out of the executor: mounts and namespaces (unmount the namespace's /proc, bind over what later
+# calls read), reboot (kills a PID namespace's init), kernel modules, raw I/O and device nodes (the
+# disks), BPF and perf (a program that signals any process), the clock, the network's configuration,
+# security modules, the audit log and the kernel log.
+HOST_ADMIN_CAPS = {
+    "CAP_MKNOD": 27, "CAP_NET_ADMIN": 12, "CAP_SYS_MODULE": 16, "CAP_SYS_RAWIO": 17, "CAP_SYS_ADMIN": 21,
+    "CAP_SYS_BOOT": 22, "CAP_SYS_TIME": 25, "CAP_AUDIT_CONTROL": 30, "CAP_MAC_OVERRIDE": 32, "CAP_MAC_ADMIN": 33,
+    "CAP_SYSLOG": 34, "CAP_PERFMON": 38, "CAP_BPF": 39,
+}
 PR_CAPBSET_DROP = 24
 _CAP_VERSION_3 = 0x20080522
 

@@ -58,7 +58,7 @@ from executor.channel import (
     template_message,
 )
 from executor.limits import apply_call_limits, apply_process_limits
-from executor.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, drop_capabilities
+from executor.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, HOST_ADMIN_CAPS, drop_capabilities
 from executor.registry import RegistryError, Tool, load_tools
 from protocol import BindError, Limits, ToolSpec, ValueRefused, check_value
 from protocol.environment import allowed_environment
@@ -351,8 +351,8 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
             _worker_setup(out_w, err_w, config)
             if sandbox is not None:
                 sandbox.enter()  # namespaces, read-only view, no privileges, Landlock, seccomp
-            else:  # as root: no tracing the executor's processes, no lifting hard limits
-                drop_capabilities(CAP_SYS_PTRACE, CAP_SYS_RESOURCE)
+            else:  # as root: no tracing the executor's processes, no lifting hard limits, no host administration
+                drop_capabilities(CAP_SYS_PTRACE, CAP_SYS_RESOURCE, *HOST_ADMIN_CAPS.values())
             if rehearsal and not config.reuse:
                 rehearse()
             worker_loop(child_end, tools, config, template=template)

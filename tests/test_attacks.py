@@ -548,8 +548,8 @@ def test_a_stopped_template_is_replaced_and_calls_are_answered_within_a_bound(
     if tool:
         stopped = client.call(Call(tool=tool))
         assert stopped.ok, stopped
-        pids = [host_pid(executor.proc.pid, p) for p in stopped.value]
-        assert all(pids), "the premise: the tool stopped live workers"
+        # (what it stopped may include the last call's worker, stopped and being killed already)
+        pids = [pid for pid in (host_pid(executor.proc.pid, p) for p in stopped.value) if pid]
     template = template_of(executor.proc.pid)
     os.kill(template, signal.SIGSTOP)
     pids.append(template)
