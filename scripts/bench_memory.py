@@ -22,8 +22,9 @@ def _uss(proc: psutil.Process) -> float:
 
 
 def _live(proc: psutil.Process) -> bool:
+    """A worker waiting for a call: not one that answered its call and stopped itself, to be killed."""
     try:
-        return bool(proc.status() != psutil.STATUS_ZOMBIE and proc.memory_info().rss > 0)
+        return bool(proc.status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_STOPPED) and proc.memory_info().rss > 0)
     except psutil.Error:
         return False
 
