@@ -369,21 +369,27 @@ def signal_by_number(pid: int) -> dict[str, str]:
     import fcntl
     import socket
 
-    out: dict[str, str] = {}
     a, b = socket.socketpair()
     ways: dict[str, Callable[[], object]] = {"F_SETOWN": lambda: fcntl.fcntl(a, fcntl.F_SETOWN, pid),
             "F_SETOWN group": lambda: fcntl.fcntl(a, fcntl.F_SETOWN, -pid),
             "setpriority": lambda: os.setpriority(os.PRIO_PROCESS, pid, 19),
             "sched_setaffinity": lambda: os.sched_setaffinity(pid, {0}),
             "getpgid": lambda: os.getpgid(pid), "getsid": lambda: os.getsid(pid)}
+    out = _try_each(ways)
+    a.close()
+    b.close()
+    return out
+
+
+def _try_each(ways: dict[str, Callable[[], object]]) -> dict[str, str]:
+    """Each way, and what the kernel answered it: "reached", or the error's name."""
+    out: dict[str, str] = {}
     for name, way in ways.items():
         try:
             way()
             out[name] = "reached"
         except OSError as e:
             out[name] = errno.errorcode.get(e.errno or 0, str(e.errno))
-    a.close()
-    b.close()
     return out
 
 
@@ -404,13 +410,7 @@ def template_handles() -> dict[str, str]:
         "fd_open": lambda: _first_fd_of_template(lambda p: os.close(os.open(p, os.O_RDONLY | os.O_NONBLOCK))),
         "cwd": lambda: os.readlink("/proc/1/cwd"), "root": lambda: os.listdir("/proc/1/root/"),
         "exe": lambda: os.readlink("/proc/1/exe"), "mem": lambda: os.close(os.open("/proc/1/mem", os.O_RDONLY))}
-    out: dict[str, str] = {}
-    for name, way in ways.items():
-        try:
-            way()
-            out[name] = "reached"
-        except OSError as e:
-            out[name] = errno.errorcode.get(e.errno or 0, str(e.errno))
+    out = _try_each(ways)
     pidfd = os.pidfd_open(1)
     try:
         fd = _libc.syscall(438, pidfd, 3, 0)  # pidfd_getfd
