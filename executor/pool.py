@@ -806,7 +806,7 @@ def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) ->
     namespace's ``/proc`` up. Returns "" or, if the template is not in a namespace of its own, why
     not. A namespace whose ``/proc`` cannot be set up is reported to the supervisor
     (``pidns.FAILED``), which then starts templates without one."""
-    _prctl_pdeathsig()
+    worker_prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() not in (supervisor, 0):  # it died before we could ask to die with it
         os._exit(1)
     why = ""
@@ -826,10 +826,6 @@ def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) ->
     if pidns.user_namespace:  # what it holds there (CAP_SYS_ADMIN: mounts every worker would see) goes now
         drop_capabilities(*range(int(procfs.read("/proc/sys/kernel/cap_last_cap")) + 1))
     return ""
-
-
-def _prctl_pdeathsig() -> None:
-    worker_prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _exec_template(chan: socket.socket, supervisor: int, pid_ns_note: str = "") -> NoReturn:

@@ -37,25 +37,26 @@ def stat_fields(path: str) -> list[bytes]:
     return read(path, 4096).rsplit(b")", 1)[1].split()
 
 
+def _exit_state(pid: int) -> tuple[bool, bool]:
+    """(begun its exit or gone, SIGKILL pending) for process ``pid``."""
+    try:
+        fields = stat_fields(f"/proc/{pid}/stat")
+        state, flags, pending = fields[0], int(fields[6]), int(fields[28])
+    except (OSError, IndexError, ValueError):
+        return True, False
+    return state in (b"Z", b"X", b"x") or bool(flags & PF_EXITING), bool(pending & SIGKILL_PENDING)
+
+
 def dying(pid: int) -> bool:
     """Whether process ``pid`` is gone or on its way out: a zombie, in its exit, or with a SIGKILL
     pending that it has not taken yet (a process frozen or in uninterruptible sleep keeps it
     pending; one just signalled has it until it next runs). Once ``kill(pid, SIGKILL)`` has returned
     anywhere, this is true."""
-    try:
-        fields = stat_fields(f"/proc/{pid}/stat")
-        state, flags, pending = fields[0], int(fields[6]), int(fields[28])
-    except (OSError, IndexError, ValueError):
-        return True
-    return state in (b"Z", b"X", b"x") or bool(flags & PF_EXITING) or bool(pending & SIGKILL_PENDING)
+    exiting_, killed = _exit_state(pid)
+    return exiting_ or killed
 
 
 def exiting(pid: int) -> bool:
     """Whether process ``pid`` has begun its exit (or is gone), as opposed to merely having a
     SIGKILL pending."""
-    try:
-        fields = stat_fields(f"/proc/{pid}/stat")
-        state, flags = fields[0], int(fields[6])
-    except (OSError, IndexError, ValueError):
-        return True
-    return state in (b"Z", b"X", b"x") or bool(flags & PF_EXITING)
+    return _exit_state(pid)[0]
