@@ -134,19 +134,20 @@ def host_pid(supervisor: int, pid: int) -> int:
     pid itself); 0 if no such process lives. Tools see only their namespace, tests the host."""
     template = template_of(supervisor)
     if template and nspid(template)[1:2] != [1]:  # no namespace: a tool's pid is the host's
-        return pid if _live(pid) else 0
+        return pid if alive(pid) else 0
     try:
         tree = psutil.Process(supervisor).children(recursive=True)
     except psutil.NoSuchProcess:
         return 0
     for p in tree:
         ids = nspid(p.pid)
-        if len(ids) >= 2 and ids[1] == pid and _live(p.pid):
+        if len(ids) >= 2 and ids[1] == pid and alive(p.pid):
             return p.pid
     return 0
 
 
-def _live(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Running (a zombie is dead: it only waits to be reaped)."""
     try:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:

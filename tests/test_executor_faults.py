@@ -40,6 +40,7 @@ from protocol import (
     decode,
     encode,
 )
+from tests.conftest import alive as _alive
 from tests.conftest import host_pid
 
 FAULTY = str(Path(__file__).parent / "tools" / "faulty.py")
@@ -51,14 +52,6 @@ MEMORY_MB = 300
 
 
 # ------------------------------------------------------------------------------------------ helpers
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie is dead: it only waits to be reaped)."""
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
 
 
 def live_tree(local: LocalExecutor) -> dict[int, psutil.Process]:
