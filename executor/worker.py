@@ -42,7 +42,7 @@ from typing import Any
 
 import msgpack
 
-from executor import framing, hardening, procfs, signals
+from executor import framing, hardening, procfs, quickfork, signals
 from executor.cgroups import CgroupSupport, Group
 from executor.channel import (
     CallRequest,
@@ -197,8 +197,15 @@ def template_main(chan: socket.socket, config: WorkerConfig, pid_ns_note: str = 
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         os.setsid()
+        if hardening.active() is None:
+            # As root, what no worker of the default profile may hold goes here, once, before any
+            # tool module is imported (its import-time code runs in this process): no tracing the
+            # executor's processes, no lifting hard limits, no host administration. A hardened
+            # worker needs the template's rights to build its sandbox, and drops them there.
+            drop_capabilities(CAP_SYS_PTRACE, CAP_SYS_RESOURCE, *HOST_ADMIN_CAPS.values())
         try:
-            tools = load_tools(config.targets)
+            with quickfork.watch_hooks():
+                tools = load_tools(config.targets)
         except RegistryError as e:
             framing.send(chan, LoadFailed(message=str(e)).to_wire())
             os._exit(3)
@@ -340,7 +347,7 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
     if sandbox is not None:
         sandbox.before_fork()
     template = os.getpid() if sandbox is None else 0  # a hardened worker cannot see (nor signal) us
-    pid = os.fork()
+    pid = quickfork.fork()
     if pid == 0:
         code = 0
         try:
@@ -351,8 +358,6 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
             _worker_setup(out_w, err_w, config)
             if sandbox is not None:
                 sandbox.enter()  # namespaces, read-only view, no privileges, Landlock, seccomp
-            else:  # as root: no tracing the executor's processes, no lifting hard limits, no host administration
-                drop_capabilities(CAP_SYS_PTRACE, CAP_SYS_RESOURCE, *HOST_ADMIN_CAPS.values())
             if rehearsal and not config.reuse:
                 rehearse()
             worker_loop(child_end, tools, config, template=template)

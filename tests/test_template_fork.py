@@ -1,0 +1,113 @@
+"""How the template makes workers. A fresh worker forked with the bare ``fork()``
+(``executor.quickfork``) is as sound as one made by ``os.fork()``: its random numbers are its own,
+its ``threading`` state is its own, and where the bare fork would be wrong (a thread in the
+template, a tool module's after-fork hook) the template uses ``os.fork()``. The rights no worker
+may hold are dropped by the template before any tool module is imported. Real executors; the unit
+tests at the end check the fork decision in-process."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from controller import ExecutorClient
+from executor import quickfork
+from executor.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, HOST_ADMIN_CAPS
+from protocol import Call
+from tests.conftest import TESTS
+
+TOOLS = TESTS / "tools"
+
+
+def _values(client: ExecutorClient, tool: str, n: int) -> list[object]:
+    out = []
+    for _ in range(n):
+        r = client.call(Call(tool=tool))
+        assert r.ok, r.error
+        out.append(r.value)
+    return out
+
+
+def test_every_worker_draws_random_numbers_of_its_own(make_client: Callable[..., ExecutorClient]) -> None:
+    client = make_client(tools=[str(TOOLS / "fork_state.py")], workers=2)
+    draws = _values(client, "draw", 6)
+    assert len(set(draws)) == len(draws), f"workers drew the same numbers: {draws}"
+
+
+def test_a_fresh_worker_knows_only_its_own_thread(make_client: Callable[..., ExecutorClient]) -> None:
+    client = make_client(tools=[str(TOOLS / "fork_state.py")], workers=1)
+    for seen in _values(client, "threads", 3):
+        assert seen == {"count": 1, "main_is_current": True, "ident_is_ours": True}
+
+
+def test_a_tool_modules_after_fork_hook_runs_in_every_worker(make_client: Callable[..., ExecutorClient]) -> None:
+    """The bare fork runs no hook: a module that registered one makes the template use os.fork()."""
+    client = make_client(tools=[str(TOOLS / "fork_hooked.py")], workers=2)
+    assert _values(client, "hook_ran", 4) == [True] * 4
+
+
+def test_a_thread_left_in_the_template_is_not_a_workers(make_client: Callable[..., ExecutorClient]) -> None:
+    """With a second thread in the template (it may hold a lock at the fork), the template uses
+    os.fork(), whose hooks leave the worker's threading module listing its one thread."""
+    client = make_client(tools=[str(TOOLS / "fork_threaded.py")], workers=2)
+    assert _values(client, "thread_names", 3) == [["MainThread"]] * 3
+
+
+def test_a_tool_modules_import_runs_without_the_rights_no_worker_holds(
+        make_client: Callable[..., ExecutorClient]) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: other users hold none of these capabilities anyway")
+    client = make_client(tools=[str(TOOLS / "import_caps.py")], workers=1)
+    seen = _values(client, "caps", 1)[0]
+    assert isinstance(seen, dict)
+    for cap in (CAP_SYS_PTRACE, CAP_SYS_RESOURCE, *HOST_ADMIN_CAPS.values()):
+        assert not seen["import"] & (1 << cap), f"capability {cap} held while the tool module was imported"
+        assert not seen["call"] & (1 << cap), f"capability {cap} held by a worker"
+    assert seen["call"] == seen["import"], "the template and its worker hold different rights"
+
+
+def test_the_decision_names_what_makes_the_bare_fork_unsafe() -> None:
+    assert quickfork.why_not() == "" or "threads" in quickfork.why_not()  # pytest may run threads of its own
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, daemon=True)
+    t.start()
+    try:
+        assert "threads" in quickfork.why_not()
+    finally:
+        stop.set()
+        t.join(5)
+
+
+def test_watching_hooks_records_who_registered_and_restores_os() -> None:
+    real = os.register_at_fork
+    before = list(quickfork._tool_hooks)
+    try:
+        with pytest.raises(RuntimeError), quickfork.watch_hooks():
+            os.register_at_fork(after_in_child=lambda: None)
+            raise RuntimeError("a tool module failed to import after registering")
+        assert os.register_at_fork is real
+        assert quickfork._tool_hooks[len(before):] == [__name__]
+        assert __name__ in quickfork.why_not()
+    finally:
+        quickfork._tool_hooks[:] = before
+
+
+def test_the_bare_fork_gives_the_child_a_reseeded_generator() -> None:
+    """In-process: ``fork`` (bare or not) returns 0 in a child that draws other numbers than we do."""
+    import random
+
+    r, w = os.pipe()
+    pid = quickfork.fork()
+    if pid == 0:
+        os.write(w, repr(random.random()).encode())
+        os._exit(0)
+    os.close(w)
+    try:
+        child = float(os.read(r, 100))
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    assert child != random.random()
