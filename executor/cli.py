@@ -264,8 +264,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from executor.supervisor import StartupError, Supervisor
-
     if args.workspace and not os.path.isdir(args.workspace):
         print(f"ciayn-executor: workspace {args.workspace!r} is not a directory", file=sys.stderr)
         return 2
@@ -293,6 +291,7 @@ def _serve(args: argparse.Namespace) -> int:
     # File paths of tool modules are relative to where the command ran, not to --workspace (the
     # executor changes into the workspace before it imports them).
     args.tools = [os.path.abspath(t) if t.endswith(".py") or os.sep in t else t for t in args.tools]
+    args.workspace = os.path.abspath(args.workspace) if args.workspace else None
     if args.profile == "hardened":
         from executor.selfcheck import start_hardened
 
@@ -301,13 +300,20 @@ def _serve(args: argparse.Namespace) -> int:
     limits = Limits(timeout_s=args.timeout, cpu_s=args.cpu_s, memory_mb=args.memory_mb,
                     max_output_kb=args.max_output_kb, max_result_kb=args.max_result_kb,
                     processes=args.max_processes)
+    from executor.spawn import early_template
+
+    # The template is forked now, before the supervisor's own modules (ZeroMQ, asyncio, ssl, ...)
+    # are imported: every worker is a copy of it, and each megabyte it maps is copied per call.
+    template = early_template(args.workspace)
+    from executor.supervisor import StartupError, Supervisor
+
     supervisor = Supervisor(
         args.tools, args.connect or args.bind, connect=bool(args.connect), curve_server_key=args.curve_server_key,
         metrics=args.metrics_port, limits=limits, workers=args.workers, max_queue=args.max_queue,
         workspace=args.workspace, parent_pid=args.parent_pid, profile=args.profile,
         use_cgroups=not args.no_cgroups, curve_secret=args.curve_secret, curve_clients=args.curve_clients,
         reuse_workers=args.reuse_workers, pass_env=args.pass_env, insecure=args.insecure,
-        max_queue_mb=args.max_queue_mb, max_queue_wait=args.max_queue_wait,
+        max_queue_mb=args.max_queue_mb, max_queue_wait=args.max_queue_wait, early_template=template,
     )
     try:
         return supervisor.serve()

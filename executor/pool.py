@@ -26,11 +26,11 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 import zmq
 
-from executor import framing, hardening, pidns, procfs
+from executor import framing, hardening, pidns, procfs, spawn
 from executor.calls import Job
 from executor.channel import (
     Applying,
@@ -47,19 +47,7 @@ from executor.channel import (
     ToolsLoaded,
     template_message,
 )
-from executor.privacy import drop_capabilities
-from executor.worker import (
-    PID_NS_NOTE,
-    PR_SET_CHILD_SUBREAPER,
-    PR_SET_PDEATHSIG,
-    SHUTDOWN_WAIT,
-    WorkerConfig,
-    close_fds_except,
-    kill_children,
-    reply_cap,
-    template_main,
-)
-from executor.worker import _prctl as worker_prctl
+from executor.worker import SHUTDOWN_WAIT, WorkerConfig, kill_children, reply_cap
 from protocol import ErrorInfo, Result, Signal, Stats, ToolSpec, WorkerInfo
 from protocol.timing import APPLY_GRACE  # hardened --workspace-rw: what a call that answered in time gets to apply
 
@@ -162,31 +150,20 @@ class WorkerPool:
 
     # ---------------------------------------------------------------- start-up and shutdown
 
-    def start_template(self, fresh: bool = False) -> None:
-        """Start the template and learn the tool specs from it. The first is forked, before any
-        ZeroMQ context exists and before any key or call was read; a replacement (``fresh``) is a
-        new interpreter (``executor.template``): forked now, this process's memory would give its
-        workers other clients' calls and results and our keys. This process becomes a subreaper, so
-        whatever a dead template leaves comes back to us to be killed, never to init."""
-        worker_prctl(PR_SET_CHILD_SUBREAPER, 1)
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        supervisor = os.getpid()
-        isolated = pidns.isolate_next_child()  # the template: PID 1 of a namespace of its own
-        try:
-            pid = os.fork()
-        finally:
-            if isolated and os.getpid() == supervisor:
-                pidns.restore()
-        if pid == 0:
-            ours.close()
-            why = _template_namespace(isolated, theirs, supervisor)
-            if fresh:
-                _exec_template(theirs, supervisor, why)
-            template_main(theirs, self.config, pid_ns_note=why)
-        theirs.close()
+    def start_template(self, fresh: bool = False, forked: tuple[int, socket.socket] | None = None) -> None:
+        """Start the template and learn the tool specs from it (``executor.spawn``). ``forked``: the
+        first template, forked by ``serve`` before this process imported ZeroMQ (a smaller image
+        for every worker), waiting for its ``Configure``. Without it the template is forked now,
+        before any ZeroMQ context exists and before any key or call was read. A replacement
+        (``fresh``) is a new interpreter (``executor.template``): forked now, this process's memory
+        would give its workers other clients' calls and results and our keys."""
+        if forked is None:
+            pid, ours = spawn.fork_template(None if fresh else self.config, fresh=fresh)
+        else:
+            pid, ours = forked
         self.template_pid, self.template = pid, ours
         ours.settimeout(TEMPLATE_START_TIMEOUT)
-        if fresh:
+        if fresh or forked is not None:
             configure = Configure(worker=self.config.to_wire(), hardened=hardening.export(),
                                   log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
                                   sys_path=list(sys.path))
@@ -798,54 +775,6 @@ class WorkerPool:
         if fd >= 0 and self.fd_owner.pop(fd, None) is not None and self.poller is not None:
             with contextlib.suppress(KeyError, zmq.ZMQError):
                 self.poller.unregister(fd)
-
-
-def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) -> str:
-    """In the child just forked to be a template: make it PID 1 of a namespace of its own
-    (``executor.pidns``) if the supervisor could not (``isolated``: as root it did), and set that
-    namespace's ``/proc`` up. Returns "" or, if the template is not in a namespace of its own, why
-    not. A namespace whose ``/proc`` cannot be set up is reported to the supervisor
-    (``pidns.FAILED``), which then starts templates without one."""
-    worker_prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() not in (supervisor, 0):  # it died before we could ask to die with it
-        os._exit(1)
-    why = ""
-    if not isolated:
-        why = pidns.why_not()
-        if pidns.try_user_namespace():  # returns in the template only (the relay stays behind)
-            note = pidns.enter_user_namespace()
-            why = f"{why}; {note}" if note else ""
-    if not pidns.in_own_namespace():
-        return why or "no PID namespace"
-    try:
-        pidns.set_up_child()
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            framing.send(chan, LoadFailed(message=e.strerror or str(e)).to_wire())
-        os._exit(3)
-    if pidns.user_namespace:  # what it holds there (CAP_SYS_ADMIN: mounts every worker would see) goes now
-        drop_capabilities(*range(int(procfs.read("/proc/sys/kernel/cap_last_cap")) + 1))
-    return ""
-
-
-def _exec_template(chan: socket.socket, supervisor: int, pid_ns_note: str = "") -> NoReturn:
-    """In the child forked to be a fresh template: become ``python -P -m executor.template``, keeping
-    only the standard descriptors and ``chan``. ``-P``: our working directory is the workspace, which
-    tools may write; on the new interpreter's path, a file there named like a module it imports would
-    run in the template, outside any sandbox. It finds ``executor`` through PYTHONPATH, and then takes
-    our ``sys.path`` from ``Configure``."""
-    try:
-        close_fds_except(0, 1, 2, chan.fileno())
-        os.set_inheritable(chan.fileno(), True)
-        env = dict(os.environ)
-        root = os.path.dirname(os.path.dirname(os.path.abspath(framing.__file__)))  # where `executor` is
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-        if pid_ns_note:
-            env[PID_NS_NOTE] = pid_ns_note
-        os.execve(sys.executable,
-                  [sys.executable, "-P", "-m", "executor.template", str(chan.fileno()), str(supervisor)], env)
-    finally:
-        os._exit(127)
 
 
 def _death_result(job: Job, sig: int, code: int | None, oom: bool = False, cpu_s: float = 0.0) -> Result:

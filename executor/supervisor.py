@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import signal
-import sys
+import socket
 import time
 import uuid
 from typing import Any
@@ -28,6 +28,7 @@ from executor.link import BrokerLink
 from executor.metrics import CallStats, MetricsServer
 from executor.pool import StartupError, WorkerPool
 from executor.privacy import not_dumpable, scrub_initial_environment
+from executor.spawn import enter_workspace
 from executor.worker import WorkerConfig
 from protocol import (
     BindError,
@@ -55,16 +56,6 @@ log = logging.getLogger("ciayn-executor")
 __all__ = ["StartupError", "Supervisor"]
 
 
-def _never_import_from(workspace: str) -> None:
-    """Take the workspace (our working directory: the one given, or the one we were started in) off
-    ``sys.path``: tools may write there, and a file named like a module that we, a template or a
-    tool module import later would run in that process, outside any sandbox. ``python -m`` put the
-    start directory first on the path. Tool modules in the workspace are loaded by their path
-    (``--tools ./tools.py``), never found there by name."""
-    here = os.path.realpath(workspace)
-    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]
-
-
 class Supervisor:
     def __init__(
         self,
@@ -88,7 +79,12 @@ class Supervisor:
         insecure: bool = False,
         max_queue_mb: int = MAX_QUEUE_BYTES // 1024**2,
         max_queue_wait: float = MAX_QUEUE_WAIT,
+        early_template: tuple[int, socket.socket] | None = None,
     ) -> None:
+        """``workspace``: an absolute path. ``early_template``: the template ``serve`` forked before
+        this module was imported (``executor.spawn.early_template``), which waits for its
+        configuration; without it the template is forked when ``serve`` starts it."""
+        self.early_template = early_template
         self.endpoint = endpoint  # to bind, or with ``connect`` the broker's backend to connect to
         self.connect = connect
         self.curve_server_key = curve_server_key
@@ -119,10 +115,7 @@ class Supervisor:
 
     def serve(self) -> int:
         parent_fd = self._watch_parent()  # first: a dead parent must not leave a socket file behind
-        if self.workspace:
-            os.environ["CIAYN_WORKSPACE"] = os.path.abspath(self.workspace)
-            os.chdir(self.workspace)
-        _never_import_from(os.getcwd())
+        enter_workspace(self.workspace)  # (kept: the early template's were set so by early_template)
         side = BrokerLink if self.connect else RouterEndpoint
         curve = bool(self.curve_server_key if self.connect else self.curve_secret)
         try:  # before the template: fail fast
@@ -131,7 +124,8 @@ class Supervisor:
             raise StartupError(str(e)) from None
         not_dumpable()  # no ptrace, /proc/PID/mem or pidfd_getfd of our processes by a tool of our user
         scrub_initial_environment()  # nor the environment we started with, through /proc/PID/environ
-        self.pool.start_template()  # before any ZeroMQ context exists
+        self.pool.start_template(forked=self.early_template)  # before any ZeroMQ context exists
+        self.early_template = None
         ctx = zmq.Context()
         try:
             self.clients = self._open_clients(ctx)

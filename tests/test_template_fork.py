@@ -8,8 +8,13 @@ tests at the end check the fork decision in-process."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +23,7 @@ from executor import quickfork
 from executor.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, HOST_ADMIN_CAPS
 from protocol import Call
 from tests.conftest import TESTS
+from tests.pool import wait_until
 
 TOOLS = TESTS / "tools"
 
@@ -67,6 +73,54 @@ def test_a_tool_modules_import_runs_without_the_rights_no_worker_holds(
         assert not seen["import"] & (1 << cap), f"capability {cap} held while the tool module was imported"
         assert not seen["call"] & (1 << cap), f"capability {cap} held by a worker"
     assert seen["call"] == seen["import"], "the template and its worker hold different rights"
+
+
+def test_the_first_template_holds_none_of_the_supervisors_modules(
+        make_client: Callable[..., ExecutorClient]) -> None:
+    """It is forked before the supervisor imports ZeroMQ and the rest: each worker copies less."""
+    client = make_client(tools=[str(TOOLS / "fork_state.py")], workers=1)
+    assert _values(client, "supervisor_modules", 2) == [[], []]
+
+
+def _processes_naming(text: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if text.encode() in f.read():
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return pids
+
+
+def test_a_start_refused_before_the_tools_load_imports_none_and_leaves_no_template(tmp_path: Path) -> None:
+    """The template forked early waits for its configuration: an executor that refuses to start
+    (its ipc endpoint is served already) never imports a tool module, and its template dies with it."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="ciayn-test-"))
+    endpoint = f"ipc://{sock_dir}/exec.sock"
+    serve = [sys.executable, "-m", "executor.cli", "serve", "--tools", str(TOOLS / "import_marker.py"),
+             "--bind", endpoint, "--workers", "1"]
+    first_ws, second_ws = tmp_path / "first", tmp_path / "second"
+    first_ws.mkdir()
+    second_ws.mkdir()
+    first = subprocess.Popen([*serve, "--workspace", str(first_ws)], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        with ExecutorClient(endpoint) as client:
+            r = client.call(Call(tool="present"))
+            assert r.ok and r.value is True, r  # the control: an executor that starts imports the module
+        out = subprocess.run([*serve, "--workspace", str(second_ws)], stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and "another process is serving on it" in out.stderr, out.stderr
+        assert not (second_ws / "imported-by").exists(), "a refused executor imported a tool module"
+        wait_until("the refused executor's template to be gone", lambda: not _processes_naming(str(second_ws)),
+                   timeout=10)
+    finally:
+        first.terminate()
+        first.wait(10)
+        shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def test_the_decision_names_what_makes_the_bare_fork_unsafe() -> None:

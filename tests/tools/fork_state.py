@@ -22,3 +22,14 @@ def threads() -> dict[str, object]:
     main = threading.main_thread()
     return {"count": len(threading.enumerate()), "main_is_current": threading.current_thread() is main,
             "ident_is_ours": main.ident == threading.get_ident()}
+
+
+SUPERVISOR_ONLY = ("zmq", "asyncio", "ssl", "subprocess", "executor.supervisor", "executor.pool", "executor.endpoint")
+
+
+@tool
+def supervisor_modules() -> list[str]:
+    """Which of the supervisor's own modules this worker holds (a copy of its template's memory)."""
+    import sys
+
+    return [m for m in SUPERVISOR_ONLY if m in sys.modules]

@@ -1,0 +1,155 @@
+"""Starting the template process: forked early and kept small, or a fresh interpreter.
+
+Every fresh worker is a fork of the template, and a fork costs in proportion to the memory the
+template has mapped: the kernel copies its page tables at the fork, tears them down at the worker's
+exit, and the worker takes a copy-on-write fault for each page it writes. So the first template is
+forked by ``ciayn-executor serve`` *before* the supervisor imports ZeroMQ, asyncio, ssl and the rest
+of what only the supervisor uses (``early_template``): about 5 MB less to copy for every call, a
+fifth of the template's private memory. It waits for its ``Configure`` (sent by ``WorkerPool``
+once the supervisor is ready to serve) before it reads a tool module. A template that replaces a
+dead one is a new interpreter (``executor.template``), never a fork of the supervisor as it is by
+then: its memory holds other clients' calls and results and its keys.
+
+This module imports nothing of the supervisor's (no ZeroMQ): importing it must not grow the
+template it forks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+from typing import NoReturn
+
+from executor import framing, pidns, procfs
+from executor.channel import ChannelError, Configure, LoadFailed
+from executor.privacy import drop_capabilities, not_dumpable, scrub_initial_environment
+from executor.worker import (
+    PID_NS_NOTE,
+    PR_SET_CHILD_SUBREAPER,
+    PR_SET_PDEATHSIG,
+    WorkerConfig,
+    _prctl,
+    close_fds_except,
+    template_main,
+)
+
+CONFIGURE_WAIT = 120.0  # seconds an early template waits for its Configure (the supervisor's start-up)
+
+
+def enter_workspace(workspace: str | None) -> None:
+    """Make this process's place the workspace (absolute ``workspace``, or the working directory),
+    as the template and its workers see it: working directory, ``CIAYN_WORKSPACE``, and never
+    ``sys.path``. ``python -m`` put the start directory first on the path; tools may write the
+    workspace, and a file there named like a module that we, a template or a tool module import
+    later would run in that process, outside any sandbox. Tool modules in the workspace are loaded
+    by their path (``--tools ./tools.py``), never found there by name. Safe to call again."""
+    if workspace:
+        os.environ["CIAYN_WORKSPACE"] = workspace
+        os.chdir(workspace)
+    here = os.path.realpath(os.getcwd())
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]
+
+
+def early_template(workspace: str | None) -> tuple[int, socket.socket]:
+    """In ``ciayn-executor serve``, before the supervisor's own modules are imported: fork the
+    template, which waits for its ``Configure``; returns its pid and our end of its channel. The
+    process is first put in the state the template must inherit (workspace, not dumpable, the
+    initial environment strings overwritten), which ``Supervisor.serve`` keeps."""
+    enter_workspace(workspace)
+    not_dumpable()
+    scrub_initial_environment()
+    return fork_template(None)
+
+
+def fork_template(config: WorkerConfig | None, fresh: bool = False) -> tuple[int, socket.socket]:
+    """Fork the template: PID 1 of a namespace of its own where the machine allows it
+    (``executor.pidns``). ``fresh``: it becomes a new interpreter (``executor.template``). Else it
+    goes on in this process's memory, with ``config`` or, if None, with the one its ``Configure``
+    brings. Either way it reports ``ToolsLoaded`` (or ``LoadFailed``) on the channel. This process
+    becomes a subreaper, so whatever a dead template leaves comes back to us to be killed, never to
+    init."""
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    supervisor = os.getpid()
+    isolated = pidns.isolate_next_child()
+    try:
+        pid = os.fork()
+    finally:
+        if isolated and os.getpid() == supervisor:
+            pidns.restore()
+    if pid == 0:
+        ours.close()
+        why = _template_namespace(isolated, theirs, supervisor)
+        if fresh:
+            _exec_template(theirs, supervisor, why)
+        template_main(theirs, config if config is not None else _configured(theirs), pid_ns_note=why)
+    theirs.close()
+    return pid, ours
+
+
+def _configured(chan: socket.socket) -> WorkerConfig:
+    """In an early template: wait for the supervisor's ``Configure`` and take its ``sys.path``. A
+    supervisor that could not start closes the channel: then exit quietly, having read no tool."""
+    chan.settimeout(CONFIGURE_WAIT)
+    try:
+        config = Configure.from_wire(framing.recv(chan))
+    except EOFError:
+        os._exit(0)
+    except (OSError, framing.FrameError, ChannelError) as e:
+        print(f"ciayn-executor: template: no configuration from the supervisor ({e})", file=sys.stderr)
+        os._exit(1)
+    chan.settimeout(None)
+    if config.sys_path:
+        sys.path[:] = config.sys_path
+    return WorkerConfig.from_wire(config.worker)
+
+
+def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) -> str:
+    """In the child just forked to be a template: make it PID 1 of a namespace of its own
+    (``executor.pidns``) if the supervisor could not (``isolated``: as root it did), and set that
+    namespace's ``/proc`` up. Returns "" or, if the template is not in a namespace of its own, why
+    not. A namespace whose ``/proc`` cannot be set up is reported to the supervisor
+    (``pidns.FAILED``), which then starts templates without one."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() not in (supervisor, 0):  # it died before we could ask to die with it
+        os._exit(1)
+    why = ""
+    if not isolated:
+        why = pidns.why_not()
+        if pidns.try_user_namespace():  # returns in the template only (the relay stays behind)
+            note = pidns.enter_user_namespace()
+            why = f"{why}; {note}" if note else ""
+    if not pidns.in_own_namespace():
+        return why or "no PID namespace"
+    try:
+        pidns.set_up_child()
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            framing.send(chan, LoadFailed(message=e.strerror or str(e)).to_wire())
+        os._exit(3)
+    if pidns.user_namespace:  # what it holds there (CAP_SYS_ADMIN: mounts every worker would see) goes now
+        drop_capabilities(*range(int(procfs.read("/proc/sys/kernel/cap_last_cap")) + 1))
+    return ""
+
+
+def _exec_template(chan: socket.socket, supervisor: int, pid_ns_note: str = "") -> NoReturn:
+    """In the child forked to be a fresh template: become ``python -P -m executor.template``, keeping
+    only the standard descriptors and ``chan``. ``-P``: our working directory is the workspace, which
+    tools may write; on the new interpreter's path, a file there named like a module it imports would
+    run in the template, outside any sandbox. It finds ``executor`` through PYTHONPATH, and then takes
+    our ``sys.path`` from ``Configure``."""
+    try:
+        close_fds_except(0, 1, 2, chan.fileno())
+        os.set_inheritable(chan.fileno(), True)
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(framing.__file__)))  # where `executor` is
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        if pid_ns_note:
+            env[PID_NS_NOTE] = pid_ns_note
+        os.execve(sys.executable,
+                  [sys.executable, "-P", "-m", "executor.template", str(chan.fileno()), str(supervisor)], env)
+    finally:
+        os._exit(127)
