@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import posix
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,18 +35,18 @@ _tool_hooks: list[str] = []  # the modules (by caller) that registered after-for
 def watch_hooks() -> Iterator[None]:
     """Around the import of tool modules: note every ``os.register_at_fork`` call, which then makes
     ``fork`` use ``os.fork()`` so the tools' hooks run."""
-    real: Callable[..., Any] = os.register_at_fork
+    real: Callable[..., Any] = posix.register_at_fork  # os's is the same function
 
     def register(**hooks: Any) -> None:
         frame = sys._getframe(1)
         _tool_hooks.append(str(frame.f_globals.get("__name__", "?")))
         real(**hooks)
 
-    os.register_at_fork = register
+    os.register_at_fork = posix.register_at_fork = register
     try:
         yield
     finally:
-        os.register_at_fork = real
+        os.register_at_fork = posix.register_at_fork = real
 
 
 def why_not() -> str:

@@ -8,6 +8,7 @@ tests at the end check the fork decision in-process."""
 from __future__ import annotations
 
 import os
+import posix
 import shutil
 import subprocess
 import sys
@@ -141,9 +142,10 @@ def test_watching_hooks_records_who_registered_and_restores_os() -> None:
     try:
         with pytest.raises(RuntimeError), quickfork.watch_hooks():
             os.register_at_fork(after_in_child=lambda: None)
+            posix.register_at_fork(after_in_child=lambda: None)  # the C module's own name for it
             raise RuntimeError("a tool module failed to import after registering")
-        assert os.register_at_fork is real
-        assert quickfork._tool_hooks[len(before):] == [__name__]
+        assert os.register_at_fork is real and posix.register_at_fork is real
+        assert quickfork._tool_hooks[len(before):] == [__name__, __name__]
         assert __name__ in quickfork.why_not()
     finally:
         quickfork._tool_hooks[:] = before
