@@ -118,7 +118,8 @@ class LoadFailed(_Message):
 
 @dataclass(frozen=True)
 class Spawned(_Message):
-    """Template -> supervisor, with three descriptors attached: channel, stdout and stderr."""
+    """Template -> supervisor, with descriptors attached: channel, stdout, stderr and (Linux 5.3+) the
+    worker's pidfd."""
 
     OP: ClassVar[str] = "spawned"
     worker: int

@@ -196,9 +196,30 @@ class HostPids:
                 return host
         return 0
 
+    def remember(self, pid: int, host: int) -> None:
+        """Note the host pid of worker ``pid``, learnt from its pidfd (``pid_of_pidfd``)."""
+        self.known[pid] = host
+
     def forget(self, pid: int) -> int:
         """The host pid of a worker that died (0 if it was never seen)."""
         return self.known.pop(pid, 0)
+
+
+def pid_of_pidfd(fd: int) -> int | None:
+    """The pid, in our namespace, of the process a pidfd refers to (its ``fdinfo``'s ``Pid:``
+    line): 0 if that process is gone, None if the kernel does not say (older than 5.x)."""
+    try:
+        info = _read(f"/proc/self/fdinfo/{fd}", whole=True)
+    except OSError:
+        return None
+    for line in info.splitlines():
+        if line.startswith(b"Pid:"):
+            try:
+                pid = int(line.split()[1])
+            except (IndexError, ValueError):
+                return None
+            return pid if pid > 0 else 0
+    return None
 
 
 def template_in(relay_or_template: int) -> int:

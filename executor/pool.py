@@ -129,6 +129,10 @@ class WorkerPool:
         self.retiring: dict[int, float] = {}  # pid -> when it answered its one call (it stops or exits by itself)
         self.ended: set[int] = set()  # retiring workers we have killed (their exit is on its way)
         self.abandoned: dict[int, str] = {}  # pid -> why: killed, but it did not die
+        # A pidfd for every worker process from its Spawned to its Exited (``_signal``): a kill
+        # through it can never reach another process that got the same pid after the worker's end.
+        self.pidfds: dict[int, int] = {}
+        self.have_pidfds = False  # the template sends them (pidfd_open: Linux 5.3)
         self.next_id = 0
         self.specs: dict[str, ToolSpec] = {}
         self.cgroups = ""
@@ -214,10 +218,10 @@ class WorkerPool:
     def stop(self) -> None:
         self.stopping = True
         for slot in list(self.slots.values()):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(slot.pid, signal.SIGKILL)
+            self._signal(slot.pid)
             self._close_slot(slot)
         self.stop_template()
+        self._close_pidfds()
         self._remove_groups()
 
     def _remove_groups(self) -> None:
@@ -290,6 +294,7 @@ class WorkerPool:
         self.spawning.clear()
         self.retiring.clear()
         self.ended.clear()
+        self._close_pidfds()  # the old template's workers are dead or abandoned: never signalled again
         kill_children(wait=REPLACE_WAIT)  # the old template's orphans came to us (what SIGKILL cannot stop is left)
         self._remove_groups()
         self.template_restarts += 1
@@ -453,8 +458,7 @@ class WorkerPool:
                 if pid not in self.ended:
                     log.warning("worker pid %d answered its call but did not exit; killing it", pid)
                 self.ended.discard(pid)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                self._signal(pid)
         if self.template is not None and any(now >= t + TEMPLATE_ANSWER_TIMEOUT for t in self.spawning.values()):
             self._replace_template(f"did not answer a spawn request within {TEMPLATE_ANSWER_TIMEOUT:g} s "
                                    "(stopped or wedged)")
@@ -473,7 +477,7 @@ class WorkerPool:
             self._replace_template(f"sent something that is not one of its messages ({e}): did a tool write on "
                                    "its channel?")
             return
-        if isinstance(msg, Spawned) and len(fds) >= 3 and (host := self._host_pid(msg.pid)) <= 0:
+        if isinstance(msg, Spawned) and len(fds) >= 3 and (host := self._host_pid(msg.pid, fds[3:4])) <= 0:
             log.warning("worker %d (pid %d in the template's namespace) was gone before it could be used",
                         msg.worker, msg.pid)
             self.spawning.pop(msg.worker, None)
@@ -485,6 +489,10 @@ class WorkerPool:
         elif isinstance(msg, Spawned) and len(fds) >= 3:
             wid = msg.worker
             self.spawning.pop(wid, None)
+            if len(fds) >= 4:
+                self.have_pidfds = True
+                self._forget_pidfd(host)  # (a stale one: never, as its Exited closes it first)
+                self.pidfds[host] = fds[3]
             chan = socket.socket(fileno=fds[0])
             slot = Slot(id=wid, pid=host, chan=chan, reader=framing.Reader(chan, IDLE_READ_LIMIT),
                         out_fd=fds[1], err_fd=fds[2])
@@ -501,6 +509,7 @@ class WorkerPool:
             pid = self.host_pids.forget(msg.pid) if self.host_pids is not None else msg.pid
             if pid <= 0:
                 return  # a worker that was gone before we knew it (logged then)
+            self._forget_pidfd(pid)  # it is dead and reaped: its pid may be another process's now
             self.ended.discard(pid)
             if self.retiring.pop(pid, None) is not None:
                 return  # a fresh worker that answered its one call and exited, as it should
@@ -515,13 +524,43 @@ class WorkerPool:
                     return
             if dead is not None:
                 self._worker_gone(dead, msg.signal, msg.code, oom=msg.oom, cpu_s=msg.cpu_s, peak_rss_kb=msg.peak_rss_kb)
-        for fd in fds[3:] if isinstance(msg, Spawned) else fds:
+        for fd in fds[4:] if isinstance(msg, Spawned) else fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def _host_pid(self, pid: int) -> int:
-        """A worker's host pid from the pid the template gave (its own, in its namespace)."""
+    def _host_pid(self, pid: int, pidfd: list[int]) -> int:
+        """A worker's host pid from the pid the template gave (its own, in its namespace) and, where
+        the template sent one, the worker's pidfd (its ``fdinfo`` names the process in our
+        namespace); 0 if the worker is gone already."""
+        if pidfd:
+            host = pidns.pid_of_pidfd(pidfd[0])
+            if host is not None:
+                if host > 0 and self.host_pids is not None:
+                    self.host_pids.remember(pid, host)
+                return host
         return self.host_pids.of(pid) if self.host_pids is not None else pid
+
+    def _signal(self, pid: int) -> None:
+        """SIGKILL worker process ``pid``: through its pidfd, or, where the template sends none, by
+        pid. Once the worker's exit has closed its pidfd the number is never signalled again:
+        another process may hold it by then."""
+        fd = self.pidfds.get(pid)
+        if fd is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        elif not self.have_pidfds:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _forget_pidfd(self, pid: int) -> None:
+        fd = self.pidfds.pop(pid, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _close_pidfds(self) -> None:
+        for pid in list(self.pidfds):
+            self._forget_pidfd(pid)
 
     def _flush(self, slot: Slot) -> None:
         """Send what the worker has not taken yet, never blocking: a worker still busy (a tool that
@@ -680,8 +719,7 @@ class WorkerPool:
         if not slot.killed:
             log.info("killing worker %d (pid %d): %s", slot.id, slot.pid, why)
             slot.killed_at = time.monotonic()
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(slot.pid, signal.SIGKILL)
+            self._signal(slot.pid)
 
     def _end_retired(self, now: float, every: bool = False) -> None:
         """Kill the fresh workers that answered and stopped themselves (``worker_loop``): all of them
@@ -691,8 +729,7 @@ class WorkerPool:
         for pid, answered in self.retiring.items():
             if pid not in self.ended and (every or now >= answered + REFILL_MAX_DELAY):
                 self.ended.add(pid)
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                self._signal(pid)
 
     def _retire(self, slot: Slot) -> None:
         """Forget a worker that is done (answered its one call, or was killed): its exit is expected
@@ -720,7 +757,9 @@ class WorkerPool:
 
     def _trim_abandoned(self) -> None:
         while len(self.abandoned) > MAX_ABANDONED:
-            self.abandoned.pop(next(iter(self.abandoned)))
+            pid = next(iter(self.abandoned))
+            self.abandoned.pop(pid)
+            self._forget_pidfd(pid)
 
     def _unstarted(self, slot: Slot) -> bool:
         """Whether the job of a dead (or abandoned) worker never started: read what is left on the

@@ -371,10 +371,17 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
     child_end.close()
     os.close(out_w)
     os.close(err_w)
-    framing.send_with_fds(chan, Spawned(worker=worker, pid=pid).to_wire(), [parent_end.fileno(), out_r, err_r])
-    parent_end.close()
-    os.close(out_r)
-    os.close(err_r)
+    fds = [parent_end.fileno(), out_r, err_r]
+    try:  # the supervisor signals the worker through it: never another process that reuses the pid
+        fds.append(os.pidfd_open(pid))
+    except OSError:  # Linux < 5.3: it signals by pid
+        pass
+    try:
+        framing.send_with_fds(chan, Spawned(worker=worker, pid=pid).to_wire(), fds)
+    finally:
+        parent_end.close()
+        for fd in fds[1:]:
+            os.close(fd)
     return pid
 
 

@@ -7,9 +7,11 @@ tests at the end check the fork decision in-process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posix
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -167,3 +169,49 @@ def test_the_bare_fork_gives_the_child_a_reseeded_generator() -> None:
         os.close(r)
         os.waitpid(pid, 0)
     assert child != random.random()
+
+
+def _pidfds(pid: int) -> int:
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            n += os.readlink(f"/proc/{pid}/fd/{fd}") == "anon_inode:[pidfd]"
+    return n
+
+
+def test_the_supervisor_holds_a_pidfd_per_worker_and_drops_it_at_the_workers_exit(
+        make_client: Callable[..., ExecutorClient]) -> None:
+    """Workers are signalled through pidfds the template sends with each worker: one per worker
+    process the supervisor may still have to kill, none kept for workers that are gone."""
+    client = make_client(tools=[str(TESTS / "tools" / "faulty.py")], workers=2)
+    supervisor = client.local.proc.pid  # type: ignore[attr-defined]
+    wait_until("a pidfd for each ready worker", lambda: _pidfds(supervisor) >= 2, timeout=10)
+    for _ in range(40):
+        assert client.call(Call(tool="noop")).ok
+    # 2 ready workers, plus at most the few that answered and await their kill: never 40.
+    wait_until("the pidfds of the used workers to be closed", lambda: 2 <= _pidfds(supervisor) <= 4, timeout=10)
+
+
+def test_a_pid_whose_pidfd_was_closed_is_never_signalled() -> None:
+    """In-process, WorkerPool's rule: a worker is killed through its pidfd; once its exit closed the
+    pidfd, its number (which another process may hold by then) is left alone."""
+    from executor.pool import WorkerPool
+    from executor.worker import WorkerConfig
+    from protocol import Limits
+
+    pool = WorkerPool(WorkerConfig(targets=[], limits=Limits()), size=1, on_done=lambda *_: None,
+                      next_job=lambda: None)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pool.have_pidfds = True
+        pool._signal(bystander.pid)  # as if a worker of that pid had exited and been forgotten
+        with pytest.raises(subprocess.TimeoutExpired):
+            bystander.wait(0.2)
+        pool.pidfds[bystander.pid] = os.pidfd_open(bystander.pid)
+        pool._signal(bystander.pid)
+        assert bystander.wait(10) == -signal.SIGKILL
+        pool._forget_pidfd(bystander.pid)
+        assert not pool.pidfds
+    finally:
+        bystander.kill()
+        bystander.wait(10)
