@@ -1,0 +1,255 @@
+"""Red team of the template's bare ``fork()`` (``executor.quickfork``), of the first template forked
+early (``executor.spawn``, waiting for its ``Configure``) and of the rights the template drops before
+it imports tool modules (``executor.worker.template_main``).
+
+Tools: ``tests/tools/fork_attacks.py``. A test marked ``xfail(strict=True, reason="HOLE: ...")`` is
+an attack that succeeds on the current code; it turns into a failure (XPASS) once the hole is
+closed, when the mark must go. The others are attacks the defence holds against."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller import ExecutorClient
+from executor.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, HOST_ADMIN_CAPS
+from protocol import Call, Result
+from tests.conftest import TESTS, pid_namespaces, template_of
+from tests.pool import free_port, wait_until
+
+ROOT = TESTS.parent
+ATTACKS = str(TESTS / "tools" / "fork_attacks.py")
+MARKER_TOOLS = str(TESTS / "tools" / "import_marker.py")
+DROPPED = (CAP_SYS_PTRACE, CAP_SYS_RESOURCE, *HOST_ADMIN_CAPS.values())
+CAP_SYS_ADMIN = HOST_ADMIN_CAPS["CAP_SYS_ADMIN"]
+CAP_SYS_PACCT = 20
+
+
+def _call(client: ExecutorClient, tool: str, **kwargs: Any) -> Result:
+    r = client.call(Call(tool=tool, kwargs=kwargs))
+    assert r.ok, r.error
+    return r
+
+
+def _bare_worker(client: ExecutorClient, tool: str) -> dict[str, Any]:
+    """The answer of ``tool`` from a worker made by the bare fork. The template's import left a
+    thread running for a moment (fork_attacks' warm-up), so the first workers may come from
+    ``os.fork()``; wait for one that did not."""
+    def seen() -> dict[str, Any] | None:
+        value = _call(client, tool).value
+        assert isinstance(value, dict)
+        return value if value["bare"] else None
+
+    value: dict[str, Any] = wait_until("a worker forked with the bare fork()", seen, timeout=15)
+    return value
+
+
+def _root_only() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: other users hold none of these capabilities anyway")
+
+
+# ------------------------------------------------------------------ 1. the hook check's window
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "HOLE: quickfork.watch_hooks watches os.register_at_fork only while load_tools() runs; a thread a "
+    "tool module started at import (a lazy/warm-up import of a dependency that reseeds its RNG or "
+    "resets a pool after fork) registers its hook after the watch ended and then ends, so why_not() "
+    "sees one thread and no recorded hook, and every later worker is made with the bare fork(): the "
+    "hook never runs in any worker (os.fork() would run it). Fix: keep the wrapper installed for the "
+    "template's whole life (never restore it after load_tools), or record every hook ever registered "
+    "in the template, not only those registered during the import."))
+def test_an_after_fork_hook_registered_after_the_import_still_runs_in_every_worker(
+        make_client: Callable[..., ExecutorClient]) -> None:
+    client = make_client(tools=[ATTACKS], workers=1)
+    seen = _bare_worker(client, "late_hook")
+    assert seen["registered"], seen  # it was registered before this worker's fork
+    assert seen["ran"], f"a hook registered in the template before the fork did not run in the worker: {seen}"
+
+
+# ------------------------------------------------------------------ 2. threading state of a bare-forked worker
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "HOLE: the bare fork skips threading's own after-fork hook (threading._after_fork, registered with "
+    "os.register_at_fork when threading was imported, before the watch), which is what rebuilds "
+    "threading._active: a _DummyThread the template's import left (any foreign C thread that called "
+    "threading.current_thread(), e.g. through logging; it is never removed on 3.11) stays in "
+    "threading.enumerate() and active_count() of every worker, alive as far as threading knows, though "
+    "/proc/self/task lists one thread (joining it raises; code that waits for the other threads to "
+    "finish misbehaves). Fix: fall back to os.fork() when threading._active (plus _limbo) holds "
+    "anything but the main thread, or call threading._after_fork() in the bare-forked child."))
+def test_a_bare_forked_workers_threading_module_describes_that_worker(
+        make_client: Callable[..., ExecutorClient]) -> None:
+    client = make_client(tools=[ATTACKS], workers=1)
+    seen = _bare_worker(client, "threading_state")
+    assert seen["tasks"] == 1
+    assert seen["main_is_current"]
+    assert seen["names"] == ["MainThread"] and not seen["dummies"], seen
+
+
+# ------------------------------------------------------------------ 3. rights: what the drop holds
+
+
+def test_a_program_a_root_call_execs_gets_none_of_the_dropped_rights_back(
+        make_client: Callable[..., ExecutorClient]) -> None:
+    """Root regains its bounding set at exec: the drop took the rights out of it, so it stays."""
+    _root_only()
+    client = make_client(tools=[ATTACKS], workers=1)
+    caps = _call(client, "exec_caps").value
+    for cap in DROPPED:
+        for which in ("CapBnd", "CapPrm", "CapEff", "CapAmb"):
+            assert not caps[which] & (1 << cap), f"capability {cap} in {which} of an exec'd program: {caps}"
+
+
+def test_a_user_namespace_gives_rights_over_nothing_of_the_executor(
+        make_client: Callable[..., ExecutorClient]) -> None:
+    """unshare(CLONE_NEWUSER) needs no capability and hands back a full set, bounding set included,
+    but over the new namespace only: the template stays out of reach (no ptrace, no memory)."""
+    _root_only()
+    if not pid_namespaces():
+        pytest.skip("workers share the executor's PID namespace here: PID 1 is not the template")
+    client = make_client(tools=[ATTACKS], workers=1)
+    seen = _call(client, "user_namespace_reach").value
+    if seen["unshare"]:
+        pytest.skip(f"no user namespaces here ({seen['unshare']})")
+    assert seen["caps"]["CapEff"] & (1 << CAP_SYS_PTRACE)  # the full set, in the new namespace
+    assert seen["ptrace"] == "Operation not permitted", seen
+    assert seen["mem"] in ("Permission denied", "Operation not permitted"), seen
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "HOLE: CAP_SYS_PACCT (20) is not in privacy.HOST_ADMIN_CAPS, so a root call of the default "
+    "profile keeps it: acct(2) turns BSD process accounting on for the template's PID namespace, "
+    "where every later worker runs, and the kernel then writes a record (command name, pid, uid, "
+    "exit code, times, memory) for every process of every later call, other clients' included, to a "
+    "file the attacker chose and reads back in a later call; it also lasts as long as the namespace. "
+    "Fix: add CAP_SYS_PACCT to HOST_ADMIN_CAPS (with CAP_SYS_TTY_CONFIG, CAP_LINUX_IMMUTABLE, "
+    "CAP_WAKE_ALARM, CAP_BLOCK_SUSPEND, CAP_IPC_OWNER, CAP_NET_RAW, CAP_SYS_NICE, CAP_CHECKPOINT_RESTORE "
+    "and CAP_AUDIT_WRITE, which tools rarely need); better, keep an allowlist of the rights a root "
+    "worker keeps and drop every other one up to cap_last_cap."))
+def test_a_root_call_cannot_watch_the_processes_of_later_calls(make_client: Callable[..., ExecutorClient],
+                                                               workspace: Path) -> None:
+    _root_only()
+    if not pid_namespaces():
+        pytest.skip("no PID namespace of the executor's own: accounting would cover the host")
+    client = make_client(tools=[ATTACKS], workers=2, workspace=str(workspace))
+    log = str(workspace / "acct")
+    error = _call(client, "acct_on", path=log).value
+    try:
+        if error and error != "Operation not permitted":
+            pytest.skip(f"no process accounting in this kernel ({error})")
+        assert _call(client, "name_a_process", name="victim-9f2c").value == 7  # another client's call
+        seen = _call(client, "read_acct", path=log).value
+        assert "victim-9f2c" not in seen, f"a call read what the processes of a later call were: {seen}"
+        assert error == "Operation not permitted"
+    finally:
+        client.call(Call(tool="acct_off"))
+
+
+# ------------------------------------------------------------------ 4. rights: the replacement template
+
+
+PAYLOAD = """
+import os as _os
+with open({mark!r}, "a") as _f:
+    with open("/proc/self/status") as _s:
+        _f.write(str(_os.getpid()) + " " + [ln for ln in _s if ln.startswith("CapEff:")][0])
+"""
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "HOLE: the rights are dropped in template_main, i.e. after the replacement template "
+    "(python -P -m executor.template) started: its interpreter start-up (site, .pth files) and the "
+    "import of executor.* run with every capability of root, CAP_SYS_ADMIN and CAP_SYS_PTRACE "
+    "included. A root call of the default profile keeps CAP_DAC_OVERRIDE and may write those files "
+    "(here it appends to executor/framing.py, which executor.template imports); when the template "
+    "dies (OOM killer, operator, a wedge the supervisor answers with a new template), the planted "
+    "code runs with the rights the drop was meant to keep from every tool. Fix: drop the same rights "
+    "in the forked child in spawn._exec_template before execve (default profile; nothing the fresh "
+    "template does before template_main needs them), so its start-up (.pth files, executor.*) never "
+    "holds them; ideally run root workers of the default profile without CAP_DAC_OVERRIDE/CAP_FOWNER, "
+    "or as another uid, so they cannot write the executor's own code."))
+def test_code_a_root_call_plants_never_runs_with_the_dropped_rights(tmp_path: Path) -> None:
+    _root_only()
+    src = tmp_path / "src"  # a private copy of the executor: the call writes it, not the checkout
+    for package in ("executor", "protocol"):
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    mark = tmp_path / "planted-ran"
+    sock_dir = Path(tempfile.mkdtemp(prefix="ciayn-test-"))
+    endpoint = f"ipc://{sock_dir}/exec.sock"
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
+    proc = subprocess.Popen([sys.executable, "-m", "executor.cli", "serve", "--tools", ATTACKS, "--bind", endpoint,
+                             "--workers", "1", "--workspace", str(workspace)], cwd=src, env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with ExecutorClient(endpoint) as client:
+            where = _call(client, "executor_source").value
+            assert where == str(src / "executor"), where
+            _call(client, "plant", path=os.path.join(where, "framing.py"), text=PAYLOAD.format(mark=str(mark)))
+            old = _call(client, "whoami").value
+            template = wait_until("the template", lambda: template_of(proc.pid), timeout=10)
+            os.kill(template, signal.SIGKILL)  # as the OOM killer would
+
+            def replaced() -> bool:
+                r = client.call(Call(tool="whoami"))
+                return bool(r.ok and r.value != old and template_of(proc.pid) not in (0, template))
+
+            wait_until("a worker of the replacement template to answer", replaced, timeout=20)
+        assert mark.exists(), "the replacement template did not import the planted module (the attack misfired)"
+        cap_eff = int(mark.read_text().split()[-1], 16)
+        held = [cap for cap in DROPPED if cap_eff & (1 << cap)]
+        assert not held, f"code a tool call planted ran with capabilities {held} (CAP_SYS_ADMIN: {CAP_SYS_ADMIN})"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ 5. the early template and a refused start
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "HOLE: Supervisor.serve sends the early template its Configure (pool.start_template) before "
+    "_open_clients() and MetricsServer(): a start refused there (here --metrics-port in use; by the "
+    "code, also a bad --curve-secret/--curve-server-key file or a tcp --bind address in use) is refused after the "
+    "template imported every tool module, whose import-time code ran in the machine for an executor "
+    "the operator was told could not start. Fix: send Configure only once the client side and the "
+    "metrics server are up (the early template is forked already, so ZeroMQ existing by then costs "
+    "its workers nothing), or check the metrics address and keys before start_template."))
+def test_a_start_refused_for_a_busy_metrics_port_imports_no_tool_module(tmp_path: Path) -> None:
+    busy = socket.socket()
+    busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
+    port = free_port()
+    busy.bind(("127.0.0.1", port))
+    busy.listen()
+    sock_dir = Path(tempfile.mkdtemp(prefix="ciayn-test-"))
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    try:
+        out = subprocess.run([sys.executable, "-m", "executor.cli", "serve", "--tools", MARKER_TOOLS, "--bind",
+                              f"ipc://{sock_dir}/exec.sock", "--workers", "1", "--workspace", str(workspace),
+                              "--metrics-port", f"127.0.0.1:{port}"], cwd=ROOT, stdin=subprocess.DEVNULL,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and "cannot serve metrics" in out.stderr, out.stderr
+        assert not (workspace / "imported-by").exists(), "a refused executor imported a tool module"
+    finally:
+        busy.close()
+        shutil.rmtree(sock_dir, ignore_errors=True)
