@@ -68,6 +68,11 @@ HOST_ADMIN_CAPS = {
     "CAP_MKNOD": 27, "CAP_NET_ADMIN": 12, "CAP_SYS_MODULE": 16, "CAP_SYS_RAWIO": 17, "CAP_SYS_ADMIN": 21,
     "CAP_SYS_BOOT": 22, "CAP_SYS_TIME": 25, "CAP_AUDIT_CONTROL": 30, "CAP_MAC_OVERRIDE": 32, "CAP_MAC_ADMIN": 33,
     "CAP_SYSLOG": 34, "CAP_PERFMON": 38, "CAP_BPF": 39,
+    # ...and what reaches other calls or the executor's scheduling: process accounting (acct(2)
+    # records every later call's processes), real-time priorities and other processes' nice values,
+    # immutable files, System V IPC of others, checkpoint/restore, the terminal, alarms and suspend.
+    "CAP_SYS_PACCT": 20, "CAP_SYS_NICE": 23, "CAP_LINUX_IMMUTABLE": 9, "CAP_IPC_OWNER": 15,
+    "CAP_CHECKPOINT_RESTORE": 40, "CAP_SYS_TTY_CONFIG": 26, "CAP_WAKE_ALARM": 35, "CAP_BLOCK_SUSPEND": 36,
 }
 PR_CAPBSET_DROP = 24
 _CAP_VERSION_3 = 0x20080522

@@ -12,18 +12,18 @@ thread and no hook of its tools' has neither, so ``fork`` calls the C library's 
 directly (holding the GIL: ``ctypes.PyDLL``) and reseeds ``random``, the one hook whose effect is
 visible (without it, every worker would draw the same numbers). Anywhere else it is ``os.fork()``.
 
-``watch_hooks`` wraps the import of the tool modules and records whether any of them registered an
-after-fork hook; a hook registered later (at call time, in a worker) concerns that worker only.
+``watch_hooks`` is installed before the tool modules are imported and stays: it records whether
+anything in the template registered an after-fork hook (at import, or later from a thread a module
+left); a hook registered in a worker concerns that worker only.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import posix
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 _libc = ctypes.PyDLL(None, use_errno=True)  # PyDLL: the GIL is held across the call
@@ -31,10 +31,10 @@ _libc.fork.restype = ctypes.c_int
 _tool_hooks: list[str] = []  # the modules (by caller) that registered after-fork hooks while tools were imported
 
 
-@contextlib.contextmanager
-def watch_hooks() -> Iterator[None]:
-    """Around the import of tool modules: note every ``os.register_at_fork`` call, which then makes
-    ``fork`` use ``os.fork()`` so the tools' hooks run."""
+def watch_hooks() -> Callable[[], None]:
+    """In the template, before the tool modules are imported, for the rest of its life: note every
+    ``os.register_at_fork`` call (a thread a module left may register one after its import), which
+    then makes ``fork`` use ``os.fork()`` so the hooks run. Returns what undoes it (for tests)."""
     real: Callable[..., Any] = posix.register_at_fork  # os's is the same function
 
     def register(**hooks: Any) -> None:
@@ -43,10 +43,11 @@ def watch_hooks() -> Iterator[None]:
         real(**hooks)
 
     os.register_at_fork = posix.register_at_fork = register
-    try:
-        yield
-    finally:
+
+    def undo() -> None:
         os.register_at_fork = posix.register_at_fork = real
+
+    return undo
 
 
 def why_not() -> str:
@@ -59,6 +60,11 @@ def why_not() -> str:
         return "/proc/self/task cannot be read"
     if threads != 1:
         return f"the template has {threads} threads"
+    threading = sys.modules.get("threading")
+    if threading is not None and (len(threading._active) != 1 or threading._limbo):
+        # An entry for a thread that is gone (a _DummyThread of a foreign thread, say): only
+        # os.fork()'s threading hook rebuilds the table in the child.
+        return "the template's threading module lists threads other than its own"
     return ""
 
 

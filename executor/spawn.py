@@ -23,9 +23,16 @@ import socket
 import sys
 from typing import NoReturn
 
-from executor import framing, pidns, procfs
+from executor import framing, hardening, pidns, procfs
 from executor.channel import ChannelError, Configure, LoadFailed
-from executor.privacy import drop_capabilities, not_dumpable, scrub_initial_environment
+from executor.privacy import (
+    CAP_SYS_PTRACE,
+    CAP_SYS_RESOURCE,
+    HOST_ADMIN_CAPS,
+    drop_capabilities,
+    not_dumpable,
+    scrub_initial_environment,
+)
 from executor.worker import (
     PID_NS_NOTE,
     PR_SET_CHILD_SUBREAPER,
@@ -143,6 +150,10 @@ def _exec_template(chan: socket.socket, supervisor: int, pid_ns_note: str = "") 
     our ``sys.path`` from ``Configure``."""
     try:
         close_fds_except(0, 1, 2, chan.fileno())
+        if hardening.active() is None:
+            # Before the new interpreter reads a line of our code: a root tool can write that code,
+            # and what it plants must not run with the rights no worker holds.
+            drop_capabilities(CAP_SYS_PTRACE, CAP_SYS_RESOURCE, *HOST_ADMIN_CAPS.values())
         os.set_inheritable(chan.fileno(), True)
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(framing.__file__)))  # where `executor` is

@@ -203,9 +203,9 @@ def template_main(chan: socket.socket, config: WorkerConfig, pid_ns_note: str = 
             # executor's processes, no lifting hard limits, no host administration. A hardened
             # worker needs the template's rights to build its sandbox, and drops them there.
             drop_capabilities(CAP_SYS_PTRACE, CAP_SYS_RESOURCE, *HOST_ADMIN_CAPS.values())
+        quickfork.watch_hooks()
         try:
-            with quickfork.watch_hooks():
-                tools = load_tools(config.targets)
+            tools = load_tools(config.targets)
         except RegistryError as e:
             framing.send(chan, LoadFailed(message=str(e)).to_wire())
             os._exit(3)

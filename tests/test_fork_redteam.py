@@ -2,9 +2,10 @@
 early (``executor.spawn``, waiting for its ``Configure``) and of the rights the template drops before
 it imports tool modules (``executor.worker.template_main``).
 
-Tools: ``tests/tools/fork_attacks.py``. A test marked ``xfail(strict=True, reason="HOLE: ...")`` is
-an attack that succeeds on the current code; it turns into a failure (XPASS) once the hole is
-closed, when the mark must go. The others are attacks the defence holds against."""
+Tools: ``tests/tools/fork_attacks.py``. Four of the five holes it found are closed, and their
+tests now pass. A test marked ``xfail(strict=True, reason="HOLE: ...")`` is an attack that succeeds
+on the current code; it turns into a failure (XPASS) once the hole is closed, when the mark must
+go. The others are attacks the defence holds against."""
 
 from __future__ import annotations
 
@@ -41,16 +42,15 @@ def _call(client: ExecutorClient, tool: str, **kwargs: Any) -> Result:
     return r
 
 
-def _bare_worker(client: ExecutorClient, tool: str) -> dict[str, Any]:
-    """The answer of ``tool`` from a worker made by the bare fork. The template's import left a
-    thread running for a moment (fork_attacks' warm-up), so the first workers may come from
-    ``os.fork()``; wait for one that did not."""
+def _after_warm_up(client: ExecutorClient) -> dict[str, Any]:
+    """``late_hook``'s answer from the first worker forked after the thread fork_attacks left in the
+    template registered its after-fork hook (some time after the tools' import) and ended."""
     def seen() -> dict[str, Any] | None:
-        value = _call(client, tool).value
+        value = _call(client, "late_hook").value
         assert isinstance(value, dict)
-        return value if value["bare"] else None
+        return value if value["registered"] else None
 
-    value: dict[str, Any] = wait_until("a worker forked with the bare fork()", seen, timeout=15)
+    value: dict[str, Any] = wait_until("a worker forked after the warm-up thread's hook", seen, timeout=15)
     return value
 
 
@@ -62,38 +62,22 @@ def _root_only() -> None:
 # ------------------------------------------------------------------ 1. the hook check's window
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "HOLE: quickfork.watch_hooks watches os.register_at_fork only while load_tools() runs; a thread a "
-    "tool module started at import (a lazy/warm-up import of a dependency that reseeds its RNG or "
-    "resets a pool after fork) registers its hook after the watch ended and then ends, so why_not() "
-    "sees one thread and no recorded hook, and every later worker is made with the bare fork(): the "
-    "hook never runs in any worker (os.fork() would run it). Fix: keep the wrapper installed for the "
-    "template's whole life (never restore it after load_tools), or record every hook ever registered "
-    "in the template, not only those registered during the import."))
 def test_an_after_fork_hook_registered_after_the_import_still_runs_in_every_worker(
         make_client: Callable[..., ExecutorClient]) -> None:
     client = make_client(tools=[ATTACKS], workers=1)
-    seen = _bare_worker(client, "late_hook")
-    assert seen["registered"], seen  # it was registered before this worker's fork
+    seen = _after_warm_up(client)
     assert seen["ran"], f"a hook registered in the template before the fork did not run in the worker: {seen}"
 
 
 # ------------------------------------------------------------------ 2. threading state of a bare-forked worker
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "HOLE: the bare fork skips threading's own after-fork hook (threading._after_fork, registered with "
-    "os.register_at_fork when threading was imported, before the watch), which is what rebuilds "
-    "threading._active: a _DummyThread the template's import left (any foreign C thread that called "
-    "threading.current_thread(), e.g. through logging; it is never removed on 3.11) stays in "
-    "threading.enumerate() and active_count() of every worker, alive as far as threading knows, though "
-    "/proc/self/task lists one thread (joining it raises; code that waits for the other threads to "
-    "finish misbehaves). Fix: fall back to os.fork() when threading._active (plus _limbo) holds "
-    "anything but the main thread, or call threading._after_fork() in the bare-forked child."))
 def test_a_bare_forked_workers_threading_module_describes_that_worker(
         make_client: Callable[..., ExecutorClient]) -> None:
     client = make_client(tools=[ATTACKS], workers=1)
-    seen = _bare_worker(client, "threading_state")
+    _after_warm_up(client)  # the template is one thread again; its threading module still lists a dummy
+    seen = _call(client, "threading_state").value
+    assert isinstance(seen, dict)
     assert seen["tasks"] == 1
     assert seen["main_is_current"]
     assert seen["names"] == ["MainThread"] and not seen["dummies"], seen
@@ -129,16 +113,6 @@ def test_a_user_namespace_gives_rights_over_nothing_of_the_executor(
     assert seen["mem"] in ("Permission denied", "Operation not permitted"), seen
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "HOLE: CAP_SYS_PACCT (20) is not in privacy.HOST_ADMIN_CAPS, so a root call of the default "
-    "profile keeps it: acct(2) turns BSD process accounting on for the template's PID namespace, "
-    "where every later worker runs, and the kernel then writes a record (command name, pid, uid, "
-    "exit code, times, memory) for every process of every later call, other clients' included, to a "
-    "file the attacker chose and reads back in a later call; it also lasts as long as the namespace. "
-    "Fix: add CAP_SYS_PACCT to HOST_ADMIN_CAPS (with CAP_SYS_TTY_CONFIG, CAP_LINUX_IMMUTABLE, "
-    "CAP_WAKE_ALARM, CAP_BLOCK_SUSPEND, CAP_IPC_OWNER, CAP_NET_RAW, CAP_SYS_NICE, CAP_CHECKPOINT_RESTORE "
-    "and CAP_AUDIT_WRITE, which tools rarely need); better, keep an allowlist of the rights a root "
-    "worker keeps and drop every other one up to cap_last_cap."))
 def test_a_root_call_cannot_watch_the_processes_of_later_calls(make_client: Callable[..., ExecutorClient],
                                                                workspace: Path) -> None:
     _root_only()
@@ -169,18 +143,6 @@ with open({mark!r}, "a") as _f:
 """
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "HOLE: the rights are dropped in template_main, i.e. after the replacement template "
-    "(python -P -m executor.template) started: its interpreter start-up (site, .pth files) and the "
-    "import of executor.* run with every capability of root, CAP_SYS_ADMIN and CAP_SYS_PTRACE "
-    "included. A root call of the default profile keeps CAP_DAC_OVERRIDE and may write those files "
-    "(here it appends to executor/framing.py, which executor.template imports); when the template "
-    "dies (OOM killer, operator, a wedge the supervisor answers with a new template), the planted "
-    "code runs with the rights the drop was meant to keep from every tool. Fix: drop the same rights "
-    "in the forked child in spawn._exec_template before execve (default profile; nothing the fresh "
-    "template does before template_main needs them), so its start-up (.pth files, executor.*) never "
-    "holds them; ideally run root workers of the default profile without CAP_DAC_OVERRIDE/CAP_FOWNER, "
-    "or as another uid, so they cannot write the executor's own code."))
 def test_code_a_root_call_plants_never_runs_with_the_dropped_rights(tmp_path: Path) -> None:
     _root_only()
     src = tmp_path / "src"  # a private copy of the executor: the call writes it, not the checkout

@@ -35,15 +35,12 @@ PTRACE_ATTACH = 16
 _HOOK: dict[str, Any] = {"registered": False, "child": 0}
 
 
-def _watching() -> bool:
-    """Whether ``quickfork.watch_hooks`` has ``os.register_at_fork`` wrapped right now."""
-    return getattr(os.register_at_fork, "__module__", "") == "executor.quickfork"
+_IMPORTED = threading.Event()  # set as this module's import ends
 
 
 def _warm_up() -> None:
-    deadline = time.monotonic() + 20
-    while _watching() and time.monotonic() < deadline:  # the import (and the watch) ends first
-        time.sleep(0.005)
+    _IMPORTED.wait(20)  # the import (and load_tools, which an early watch of hooks covered) ends first
+    time.sleep(0.2)  # (an attack's delay, not a wait for a condition)
     os.register_at_fork(after_in_child=lambda: _HOOK.update(child=os.getpid()))
     _HOOK["registered"] = True
 
@@ -201,3 +198,6 @@ def executor_source() -> str:
 @tool
 def whoami() -> int:
     return os.getpid()
+
+
+_IMPORTED.set()
