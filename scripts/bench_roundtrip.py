@@ -87,14 +87,20 @@ def run(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
     entries[FLOOR] = {"status": MEASURED, "name": ZmqEcho.name, "latency": summarize(floor), "ratio_to_floor": 1.0}
     for key, contestant in contestants:
         entries[key] = {"status": MEASURED, "name": contestant.name, "latency": summarize(times[key]),
-                        "ratio_to_floor": round(statistics.median(round_ratios[key]), 3),
-                        "ratio_to_floor_by_round": [round(r, 2) for r in round_ratios[key]]}
+                        "ratio_to_floor": _sig(statistics.median(round_ratios[key])),
+                        "ratio_to_floor_by_round": [_sig(r) for r in round_ratios[key]]}
     return measured(
         title="Round trip of a no-op tool call",
         method=(f"{sizes.rounds} interleaved rounds in one run; each round times a block of the floor, then a block "
                 "of every contestant (rotating order); ratio_to_floor is the median over rounds of "
                 "(contestant's median / the floor's median in the same round)"),
         notes=notes, entries=entries, targets=_targets(entries))
+
+
+def _sig(ratio: float) -> float:
+    """Three significant figures: an in-process call is well under a thousandth of the floor, and a fixed
+    number of decimals rounded it to 0."""
+    return float(f"{ratio:.3g}")
 
 
 def _add(stack: contextlib.ExitStack, entries: dict[str, dict[str, Any]], contestants: list[tuple[str, Any]],
