@@ -75,6 +75,10 @@ class ClientSide(Protocol):
 
     def describe(self) -> str: ...
 
+    def start(self) -> None:
+        """The tools are known: begin (a link announces itself to its broker now, not at connection)."""
+        ...
+
     def tick(self, now: float) -> float:
         """Timers of this side (a link's heartbeats and reconnection); seconds until it is next due."""
         ...
@@ -153,6 +157,9 @@ class RouterEndpoint:
         else:
             curve = f"clients in {self.curve_clients}" if self.curve_clients else "any client key"
         return f"{self.endpoint} (curve: {curve})"
+
+    def start(self) -> None:
+        """Nothing to do: clients that connected while the tools were imported are read from now on."""
 
     def receive(self) -> Iterator[Incoming]:
         """Messages waiting now, at most ``RECV_BATCH`` of them or ``RECV_BUDGET_S`` of decoding, so

@@ -71,8 +71,7 @@ class BrokerLink:
                  curve_keys: tuple[bytes, bytes] | None = None, insecure: bool = False) -> None:
         """``announce`` builds the ``ready`` sent on every (re)connection; ``applying`` (optional) names
         the calls whose workspace writes are being applied now."""
-        if not insecure:  # (the executor has checked, and warned, before it started)
-            self.check_endpoint(endpoint, curve=curve_server_key is not None, insecure=False)
+        self.check_endpoint(endpoint, curve=curve_server_key is not None, insecure=insecure)
         self.endpoint = endpoint
         self.announce = announce
         self.applying = applying
@@ -99,6 +98,7 @@ class BrokerLink:
         self.next_heartbeat = 0.0
         self.last_heard = self.announced = time.monotonic()
         self.executor = ""
+        self.started = False  # it announces itself only once ``start`` says the tools are known
         try:
             self._connect()
         except BaseException:
@@ -125,7 +125,13 @@ class BrokerLink:
         except zmq.ZMQError as e:
             raise EndpointError(f"cannot connect to the broker at {self.endpoint}: {e}") from None
         self.reconnect_at = 0.0
-        self._announce(time.monotonic())
+        if self.started:
+            self._announce(time.monotonic())
+
+    def start(self) -> None:
+        self.started = True
+        self.last_heard = now = time.monotonic()  # a full PEER_EXPIRY for the broker to answer
+        self._announce(now)
 
     def _announce(self, now: float) -> None:
         ready = self.announce()
@@ -251,7 +257,7 @@ class BrokerLink:
         return max(0.0, min(due, OUTBOX_RETRY) if self.outbox else due)
 
     def close(self) -> None:
-        if not self.reconnect_at:
+        if self.started and not self.reconnect_at:
             self.send(BROKER, encode(Bye(executor=self.executor, reason="shutting down")))
         self.socket.close(linger=SHUTDOWN_LINGER_MS)
 

@@ -151,23 +151,33 @@ class WorkerPool:
         self.swept_at = 0.0
         self.failed = False  # no template could be made: the executor cannot go on
         self.stopping = False
+        self.held = False  # the template is one forked ahead that waits for its Configure (``hold``)
 
     # ---------------------------------------------------------------- start-up and shutdown
 
-    def start_template(self, fresh: bool = False, forked: tuple[int, socket.socket] | None = None) -> None:
-        """Start the template and learn the tool specs from it (``executor.spawn``). ``forked``: the
-        first template, forked by ``serve`` before this process imported ZeroMQ (a smaller image
-        for every worker), waiting for its ``Configure``. Without it the template is forked now,
-        before any ZeroMQ context exists and before any key or call was read. A replacement
-        (``fresh``) is a new interpreter (``executor.template``): forked now, this process's memory
-        would give its workers other clients' calls and results and our keys."""
-        if forked is None:
-            pid, ours = spawn.fork_template(None if fresh else self.config, fresh=fresh)
+    def hold(self, forked: tuple[int, socket.socket]) -> None:
+        """Take as ours (to configure with ``start_template``, or to stop) the template ``serve`` forked
+        before this process had a ZeroMQ context (``executor.spawn.early_template``, or
+        ``fork_template(None)``): it waits for its ``Configure`` and has read no tool module yet."""
+        self.template_pid, self.template = forked
+        self.held = True
+
+    def start_template(self, fresh: bool = False) -> None:
+        """Start the template and learn the tool specs from it (``executor.spawn``): the one ``hold``
+        took is sent its ``Configure`` (it then imports the tools); otherwise one is forked now. A
+        template forked now is a new interpreter (``executor.template``) when ``fresh``: forked from
+        this process's memory, it would give its workers other clients' calls and results and our
+        keys, and ZeroMQ's threads. Without ``fresh`` it goes on in this process's memory, which must
+        then have no ZeroMQ context yet."""
+        send_configure = fresh or self.held  # (a template forked now with our config has it already)
+        if self.held and self.template is not None:
+            self.held = False
+            pid, ours = self.template_pid, self.template
         else:
-            pid, ours = forked
-        self.template_pid, self.template = pid, ours
+            pid, ours = spawn.fork_template(None if fresh else self.config, fresh=fresh)
+            self.template_pid, self.template = pid, ours
         ours.settimeout(TEMPLATE_START_TIMEOUT)
-        if fresh or forked is not None:
+        if send_configure:
             configure = Configure(worker=self.config.to_wire(), hardened=hardening.export(),
                                   log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
                                   sys_path=list(sys.path))
@@ -181,8 +191,9 @@ class WorkerPool:
         ours.settimeout(TEMPLATE_READ_TIMEOUT)  # from now on it sends small messages, each whole at once
         if isinstance(first, LoadFailed) and first.message.startswith(pidns.FAILED):
             self._kill_template()  # it cannot set its namespace up: run templates in ours, saying so
+            self._drop_channel()
             pidns.refuse(first.message.removeprefix(pidns.FAILED))
-            self.start_template(fresh)
+            self.start_template(fresh=True)  # a new interpreter: this process may have ZeroMQ's threads by now
             return
         if not isinstance(first, ToolsLoaded):
             self._kill_template()
@@ -233,12 +244,7 @@ class WorkerPool:
                 support.remove_named(f"{self.executor_id}-", wait=SHUTDOWN_WAIT)
 
     def stop_template(self) -> None:
-        if self.template is not None:
-            if self.poller is not None:
-                with contextlib.suppress(KeyError, zmq.ZMQError):
-                    self.poller.unregister(self.template_fd)
-            self.template.close()  # the template kills what is left and exits on EOF
-            self.template = None
+        self._drop_channel()  # the template kills what is left and exits on EOF (a held one: at once)
         if self.template_pid:
             deadline = time.monotonic() + 2.0
             while time.monotonic() < deadline:
@@ -255,6 +261,16 @@ class WorkerPool:
                 self._kill_template()
             self.template_pid = 0
         kill_children(wait=SHUTDOWN_WAIT)  # as a subreaper we hold whatever the template's tree left behind
+
+    def _drop_channel(self) -> None:
+        """Close our end of the template's channel (the template sees EOF)."""
+        self.held = False
+        if self.template is not None:
+            if self.poller is not None:
+                with contextlib.suppress(KeyError, zmq.ZMQError):
+                    self.poller.unregister(self.template_fd)
+            self.template.close()
+            self.template = None
 
     def _kill_template(self, wait: float = KILL_GRACE) -> None:
         """SIGKILL the template and reap it, waiting at most ``wait`` (one that SIGKILL cannot stop
@@ -273,12 +289,7 @@ class WorkerPool:
         a new one. Calls its workers had started are lost with them (answered ``crashed``); calls
         they had not started yet go back to the queue."""
         log.error("the template process %s; replacing it", why)
-        if self.template is not None:
-            if self.poller is not None:
-                with contextlib.suppress(KeyError, zmq.ZMQError):
-                    self.poller.unregister(self.template_fd)
-            self.template.close()
-            self.template = None
+        self._drop_channel()
         self._kill_template(wait=REPLACE_WAIT)
         for slot in list(self.slots.values()):
             self._kill(slot, "its template is gone")  # first: a killed worker runs no more code

@@ -28,7 +28,7 @@ from executor.link import BrokerLink
 from executor.metrics import CallStats, MetricsServer
 from executor.pool import StartupError, WorkerPool
 from executor.privacy import not_dumpable, scrub_initial_environment
-from executor.spawn import enter_workspace
+from executor.spawn import enter_workspace, fork_template
 from executor.worker import WorkerConfig
 from protocol import (
     BindError,
@@ -116,27 +116,29 @@ class Supervisor:
     def serve(self) -> int:
         parent_fd = self._watch_parent()  # first: a dead parent must not leave a socket file behind
         enter_workspace(self.workspace)  # (kept: the early template's were set so by early_template)
-        side = BrokerLink if self.connect else RouterEndpoint
-        curve = bool(self.curve_server_key if self.connect else self.curve_secret)
-        try:  # before the template: fail fast
-            side.check_endpoint(self.endpoint, curve=curve, insecure=self.insecure)
-        except EndpointError as e:
-            raise StartupError(str(e)) from None
         not_dumpable()  # no ptrace, /proc/PID/mem or pidfd_getfd of our processes by a tool of our user
         scrub_initial_environment()  # nor the environment we started with, through /proc/PID/environ
-        self.pool.start_template(forked=self.early_template)  # before any ZeroMQ context exists
+        # The template is forked before any ZeroMQ context exists, and waits for its Configure.
+        self.pool.hold(self.early_template or fork_template(None))
         self.early_template = None
         ctx = zmq.Context()
         try:
+            # Then every part of the start that can be refused (keys, addresses, the metrics port), so
+            # that a start refused is refused before any tool module was read (their import-time code
+            # would have run on this machine for an executor that never served).
             self.clients = self._open_clients(ctx)
             if self.metrics_address:
                 self.metrics = MetricsServer(self.metrics_address)
-        except (EndpointError, CurveError, ValueError) as e:
+            self.pool.start_template()  # the tools are imported now
+        except (EndpointError, CurveError, ValueError, StartupError) as e:
+            if self.metrics is not None:
+                self.metrics.close()
             if self.clients is not None:
                 self.clients.close()
             self.pool.stop_template()
             ctx.term()
             raise StartupError(str(e)) from None
+        self.clients.start()  # a link announces itself to its broker: with the tools known now
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         os.set_blocking(wake_r, False)

@@ -539,6 +539,8 @@ def test_a_linked_executor_tells_the_broker_at_once_which_calls_it_is_applying(t
     applying: set[str] = set()
     link = BrokerLink(ctx, endpoint, announce=lambda: Ready(executor="e-1", incarnation=1, tools=[], limits=Limits()),
                       applying=lambda: applying)
+    assert not router.poll(100), "a link announced itself before its executor knew its tools"
+    link.start()
 
     def heartbeat(within: float) -> Heartbeat | None:
         deadline = time.monotonic() + within

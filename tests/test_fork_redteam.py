@@ -2,10 +2,9 @@
 early (``executor.spawn``, waiting for its ``Configure``) and of the rights the template drops before
 it imports tool modules (``executor.worker.template_main``).
 
-Tools: ``tests/tools/fork_attacks.py``. Four of the five holes it found are closed, and their
-tests now pass. A test marked ``xfail(strict=True, reason="HOLE: ...")`` is an attack that succeeds
-on the current code; it turns into a failure (XPASS) once the hole is closed, when the mark must
-go. The others are attacks the defence holds against."""
+Tools: ``tests/tools/fork_attacks.py``. The five holes it found are closed, and their tests now
+pass (each failed on the code before its fix); the others are attacks the defence held against
+from the start."""
 
 from __future__ import annotations
 
@@ -188,30 +187,62 @@ def test_code_a_root_call_plants_never_runs_with_the_dropped_rights(tmp_path: Pa
 # ------------------------------------------------------------------ 5. the early template and a refused start
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "HOLE: Supervisor.serve sends the early template its Configure (pool.start_template) before "
-    "_open_clients() and MetricsServer(): a start refused there (here --metrics-port in use; by the "
-    "code, also a bad --curve-secret/--curve-server-key file or a tcp --bind address in use) is refused after the "
-    "template imported every tool module, whose import-time code ran in the machine for an executor "
-    "the operator was told could not start. Fix: send Configure only once the client side and the "
-    "metrics server are up (the early template is forked already, so ZeroMQ existing by then costs "
-    "its workers nothing), or check the metrics address and keys before start_template."))
-def test_a_start_refused_for_a_busy_metrics_port_imports_no_tool_module(tmp_path: Path) -> None:
+# Each way a start is refused after the template was forked: the metrics port in use, a tcp address in
+# use, a key file that is not one (server side and link side), a broker address that is not one.
+REFUSALS = {
+    "metrics-port-busy": (lambda busy, sock: ["--bind", f"ipc://{sock}", "--metrics-port", f"127.0.0.1:{busy}"],
+                          "cannot serve metrics"),
+    "tcp-bind-busy": (lambda busy, sock: ["--bind", f"tcp://127.0.0.1:{busy}", "--insecure"], "cannot bind"),
+    "bad-curve-secret": (lambda busy, sock: ["--bind", f"tcp://127.0.0.1:{free_port()}", "--curve-secret",
+                                             str(TESTS / "tools" / "import_marker.py")], "CurveZMQ key file"),
+    "bad-broker-key": (lambda busy, sock: ["--connect", f"tcp://127.0.0.1:{free_port()}", "--curve-server-key",
+                                           str(TESTS / "tools" / "import_marker.py")], "CurveZMQ key file"),
+}
+
+
+@pytest.mark.parametrize("refusal", sorted(REFUSALS))
+def test_a_start_refused_after_the_template_was_forked_imports_no_tool_module(tmp_path: Path, refusal: str) -> None:
+    """The template is forked first (before ZeroMQ), but it reads no tool module before every part of
+    the start that can be refused has passed: import-time code of tools must not run on the machine
+    for an executor the operator was told could not start."""
     busy = socket.socket()
     busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
-    port = free_port()
-    busy.bind(("127.0.0.1", port))
+    busy.bind(("127.0.0.1", 0))
     busy.listen()
     sock_dir = Path(tempfile.mkdtemp(prefix="ciayn-test-"))
     workspace = tmp_path / "ws"
     workspace.mkdir()
+    args, message = REFUSALS[refusal]
     try:
-        out = subprocess.run([sys.executable, "-m", "executor.cli", "serve", "--tools", MARKER_TOOLS, "--bind",
-                              f"ipc://{sock_dir}/exec.sock", "--workers", "1", "--workspace", str(workspace),
-                              "--metrics-port", f"127.0.0.1:{port}"], cwd=ROOT, stdin=subprocess.DEVNULL,
-                             capture_output=True, text=True, timeout=60)
-        assert out.returncode == 1 and "cannot serve metrics" in out.stderr, out.stderr
+        out = subprocess.run([sys.executable, "-m", "executor.cli", "serve", "--tools", MARKER_TOOLS, "--workers", "1",
+                              "--workspace", str(workspace), *args(busy.getsockname()[1], sock_dir / "exec.sock")],
+                             cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and "cannot start" in out.stderr and message in out.stderr, out.stderr
         assert not (workspace / "imported-by").exists(), "a refused executor imported a tool module"
+        assert not (sock_dir / "exec.sock").exists(), "a refused executor left its socket file"
     finally:
         busy.close()
+        shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def test_the_same_executor_started_with_nothing_refused_imports_the_tools(tmp_path: Path) -> None:
+    """The control for the refusals above: with the metrics port free, the same start imports the
+    tool module (in the template, not in the supervisor) and serves."""
+    sock_dir = Path(tempfile.mkdtemp(prefix="ciayn-test-"))
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    endpoint = f"ipc://{sock_dir}/exec.sock"
+    proc = subprocess.Popen([sys.executable, "-m", "executor.cli", "serve", "--tools", MARKER_TOOLS, "--workers", "1",
+                             "--workspace", str(workspace), "--bind", endpoint, "--metrics-port",
+                             f"127.0.0.1:{free_port()}"], cwd=ROOT, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        with ExecutorClient(endpoint, timeout=30) as client:
+            result = client.call(Call(tool="present"), timeout=30)
+        assert result.ok and result.value is True, result
+        marks = (workspace / "imported-by").read_text().split()
+        assert marks and str(proc.pid) not in marks, "the supervisor itself imported the tool module"
+    finally:
+        proc.terminate()
+        proc.wait(30)
         shutil.rmtree(sock_dir, ignore_errors=True)
