@@ -1,0 +1,44 @@
+"""Tools for tests/test_startup_redteam.py: at import this module writes on the template's channel,
+as the template's first message, a ``ToolsLoaded`` of no tools carrying an extra field: an array of
+16 million nils (16 MiB on the wire, and a list of 16 million references, 128 MiB, once decoded
+without a bound on work). Then it waits (bounded) for ``release`` in the working directory."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import time
+
+from executor import framing, tool
+from executor.channel import ToolsLoaded
+
+COUNT = 16 * 1024 * 1024
+
+
+def _channel() -> socket.socket:
+    for name in sorted(os.listdir("/proc/self/fd"), key=int):
+        fd = int(name)
+        try:
+            if fd > 2 and stat.S_ISSOCK(os.fstat(fd).st_mode):
+                return socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+    raise RuntimeError("startup_bloat: no channel found")
+
+
+_message = ToolsLoaded(specs=[]).to_wire()
+_message["pad"] = [None] * COUNT
+framing.send(_channel(), _message)
+del _message
+with open("bloated", "w") as _f:
+    _f.write(f"{os.getpid()}\n")
+_deadline = time.monotonic() + 30
+while not os.path.exists("release") and time.monotonic() < _deadline:
+    time.sleep(0.01)
+
+
+@tool
+def echo(x: int) -> int:
+    """Return ``x``."""
+    return x
