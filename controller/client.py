@@ -6,7 +6,8 @@ Pirate pattern when the executor falls silent: it reconnects with a fresh socket
 routing id (so the executor's answers to calls sent before still reach it) and, once the executor
 answers again as the same incarnation, resends the calls in flight under their same ids (the
 executor never runs an id twice). After ``UNAVAILABLE_AFTER`` seconds of silence every call in
-flight is cancelled and answered ``unavailable``. A call's deadline is a bound: it is answered by its
+flight is cancelled and answered ``unavailable`` (``FIRST_CONTACT_WAIT`` before the executor's first
+word: one that is loading its tools answers nothing yet). A call's deadline is a bound: it is answered by its
 timeout plus ``DEADLINE_GRACE`` at the latest (``timeout``, and cancelled on the executor), whatever
 the executor reports meanwhile. When the executor restarts (a new incarnation), calls that were in
 flight may or may not have run: idempotent tools are resent, others are answered ``unavailable``
@@ -59,6 +60,7 @@ log = logging.getLogger("ciayn.client")
 HEARTBEAT_INTERVAL = 0.5  # seconds between pings
 SILENCE_BEFORE_RECONNECT = 2.0  # no message for this long: new socket, resend calls in flight
 UNAVAILABLE_AFTER = 6.0  # no message for this long: calls in flight are answered `unavailable`
+FIRST_CONTACT_WAIT = 65.0  # the same, before the executor's first word: it may be loading its tools (60 s)
 DEADLINE_GRACE = 2.0  # added to a call's timeout before the client answers `timeout` itself
 MAX_APPLY_GRACE = 120.0  # the most an executor's welcome can add to that (its apply_grace_s)
 DEFAULT_TIMEOUT = 30.0  # a call's timeout when neither the call, the tool nor the executor says (validly)
@@ -136,6 +138,7 @@ class ExecutorClient:
         # What the executor sends goes to the caller's log at a bounded rate, whatever it sends.
         self._complaints = LogBudget(log, "complaints about messages from the executor")
         self._last_heard = time.monotonic()
+        self._heard_once = False  # anything from the executor yet (before, it may be loading its tools)
         self._alive = False
         self._closed = False
         self._failed = ""
@@ -339,8 +342,8 @@ class ExecutorClient:
                         log.info("executor at %s silent for %.1fs; reconnected", self.endpoint, silence)
                         self._resend_due = True
                         self._queue(Hello(client="ciayn"))
-                if silence > UNAVAILABLE_AFTER and pending:
-                    self._give_up(pending, f"the executor at {self.endpoint} has not answered for {silence:.0f} s")
+                if silence > self._unavailable_after() and pending:
+                    self._give_up(pending, self._silence(silence))
                 apply_grace = self._apply_grace()
                 for cid, p in list(pending.items()):
                     if now >= p.deadline + apply_grace:
@@ -354,6 +357,17 @@ class ExecutorClient:
             for cid in list(pending):
                 self._resolve(pending, cid, Result.failure(cid, "cancelled", "the client was closed"))
             sock.close(0)
+
+    def _unavailable_after(self) -> float:
+        """Silence after which calls in flight are given up: an executor never heard from may still
+        be loading its tools (SPEC.md section 1, start-up), so it gets that long first."""
+        return UNAVAILABLE_AFTER if self._heard_once else FIRST_CONTACT_WAIT
+
+    def _silence(self, seconds: float) -> str:
+        if self._heard_once:
+            return f"the executor at {self.endpoint} has not answered for {seconds:.0f} s"
+        return (f"nothing has answered at {self.endpoint} in {seconds:.0f} s (no executor there, or one that "
+                "could not load its tools)")
 
     def _give_up(self, pending: dict[str, _Pending], why: str) -> None:
         """Answer every call in flight ``unavailable`` and cancel those the executor may hold, so that
@@ -381,7 +395,7 @@ class ExecutorClient:
                 timeout = call.timeout or self._tool_timeout(call.tool)
                 silent_for = now - self._last_heard
                 deadline = now + timeout + DEADLINE_GRACE
-                if silent_for > UNAVAILABLE_AFTER:  # known dead: do not make the caller wait a full timeout
+                if silent_for > self._unavailable_after():  # known dead: do not make the caller wait a full timeout
                     deadline = min(deadline, now + SILENCE_BEFORE_RECONNECT + 0.5)
                 try:
                     frames = encode(call)
@@ -450,7 +464,7 @@ class ExecutorClient:
             if frames is None:
                 return
             self._last_heard = time.monotonic()
-            self._alive = True
+            self._alive = self._heard_once = True
             try:
                 msg = decode(frames)
             except ProtocolError as e:

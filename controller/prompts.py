@@ -348,6 +348,8 @@ def describe_failure(result: Result) -> str:
         # How long it ran, when measured (a queued call's limits.timeout_s is only what was left of it).
         stats = result.stats
         seconds = stats.wall_s if stats and stats.wall_s else (limits.timeout_s if limits else None)
+        if seconds and limits and abs(seconds - limits.timeout_s) <= 0.1 * limits.timeout_s:
+            seconds = limits.timeout_s  # it ran into its limit: 0.99 s of a 1 s timeout is "after 1 s"
         text = f"the tool timed out after {seconds:.2g} s" if seconds else "the tool timed out"
         detail = False
     elif kind == "crashed":

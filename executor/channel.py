@@ -98,14 +98,25 @@ class Sweep(_Message):
 
 
 @dataclass(frozen=True)
+class Isolated(_Message):
+    """Template -> supervisor, first, before it reads its ``Configure`` (so before any tool code can
+    write on the channel): its PID namespace is set up, or it runs without one (``pid_ns`` says why;
+    "" when it is PID 1 of a namespace of its own). A template that could not set its namespace up
+    sends ``LoadFailed`` with ``pidns.FAILED`` instead. Only this first message can turn namespaces
+    off: a tool module, imported later, cannot forge it."""
+
+    OP: ClassVar[str] = "isolated"
+    pid_ns: str = ""
+
+
+@dataclass(frozen=True)
 class ToolsLoaded(_Message):
-    """Template -> supervisor, once: the tool specs (ToolSpec dumps), the cgroup layers in use, and
-    why the template is not PID 1 of a namespace of its own ("" when it is: ``executor.pidns``)."""
+    """Template -> supervisor, once, after ``Configure``: the tool specs (ToolSpec dumps) and the
+    cgroup layers in use."""
 
     OP: ClassVar[str] = "tools"
     specs: list[dict[str, Any]]
     cgroups: str = ""
-    pid_ns: str = ""
 
 
 @dataclass(frozen=True)
@@ -139,7 +150,7 @@ class Exited(_Message):
     peak_rss_kb: int = 0
 
 
-TemplateMessage = Spawn | Sweep | ToolsLoaded | LoadFailed | Spawned | Exited
+TemplateMessage = Spawn | Sweep | Isolated | ToolsLoaded | LoadFailed | Spawned | Exited
 
 
 def template_message(obj: Any) -> TemplateMessage:
@@ -151,9 +162,10 @@ def template_message(obj: Any) -> TemplateMessage:
         return Spawn(worker=_field(obj, "worker", int), rehearse=_field(obj, "rehearse", bool, False))
     if op == Sweep.OP:
         return Sweep()
+    if op == Isolated.OP:
+        return Isolated(pid_ns=_field(obj, "pid_ns", str, ""))
     if op == ToolsLoaded.OP:
-        return ToolsLoaded(specs=_field(obj, "specs", list), cgroups=_field(obj, "cgroups", str, ""),
-                           pid_ns=_field(obj, "pid_ns", str, ""))
+        return ToolsLoaded(specs=_field(obj, "specs", list), cgroups=_field(obj, "cgroups", str, ""))
     if op == LoadFailed.OP:
         return LoadFailed(message=_field(obj, "message", str))
     if op == Spawned.OP:

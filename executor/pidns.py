@@ -95,6 +95,11 @@ def try_user_namespace() -> bool:
     return _refused is None and _why_not is not None
 
 
+def refused() -> bool:
+    """Whether namespaces were turned off (``refuse``)."""
+    return _refused is not None
+
+
 def refuse(reason: str) -> None:
     """Make no more namespaces (a template could not set one up: ``reason``)."""
     global _refused

@@ -38,12 +38,14 @@ from executor.channel import (
     ChannelError,
     Configure,
     Exited,
+    Isolated,
     LoadFailed,
     Reply,
     Spawn,
     Spawned,
     Started,
     Sweep,
+    TemplateMessage,
     ToolsLoaded,
     template_message,
 )
@@ -53,7 +55,10 @@ from protocol.timing import APPLY_GRACE  # hardened --workspace-rw: what a call 
 
 log = logging.getLogger("ciayn-executor")
 
-TEMPLATE_START_TIMEOUT = 60.0  # importing tool modules may be slow
+TEMPLATE_START_TIMEOUT = 60.0  # importing tool modules may be slow (the bound is for the whole report)
+NAMESPACE_WAIT = 10.0  # a new template's first word (``Isolated``): setting a PID namespace up is quick
+ISOLATED_LIMIT = 64 * 1024  # ``Isolated`` or the namespace's failure: a few bytes
+TOOLS_LOADED_LIMIT = 16 * 1024 * 1024  # the tool specs (each spec's schema), far below the internal frame cap
 TEMPLATE_ANSWER_TIMEOUT = 3.0  # a spawn request unanswered this long: the template is stopped or wedged
 EXIT_STATUS_WAIT = 2.0  # after a worker's channel closes, how long to wait for its exit status
 KILL_GRACE = 1.0  # after SIGKILL, how long a call waits for its worker's exit before it is answered anyway
@@ -73,6 +78,10 @@ MAX_ABANDONED = 64  # processes that would not die, remembered for the log
 
 class StartupError(Exception):
     """The executor cannot start (tool modules fail to import, endpoint in use, ...)."""
+
+
+class StartStopped(StartupError):
+    """The start was ended from outside while the tools were imported (a signal, the parent's exit)."""
 
 
 @dataclass
@@ -155,6 +164,30 @@ class WorkerPool:
 
     # ---------------------------------------------------------------- start-up and shutdown
 
+    def _from_template(self, within: float, limit: int, watch: dict[int, Callable[[], str]],
+                       doing: str) -> TemplateMessage:
+        """The starting template's next message, whole within ``within`` seconds and at most ``limit``
+        bytes; ``doing`` names the wait in errors."""
+        assert self.template is not None
+        deadline = time.monotonic() + within
+        while True:
+            try:
+                return template_message(framing.recv_by(self.template, deadline, limit, watch))
+            except framing.Interrupted as e:
+                if why := watch[e.fd]():
+                    self._kill_template()
+                    raise StartStopped(why) from None
+            except TimeoutError:
+                self._kill_template()
+                raise StartupError(f"the tool template was still {doing} after {within:g} s; it was "
+                                   "killed") from None
+            except (EOFError, OSError) as e:
+                self._kill_template()
+                raise StartupError(f"the tool template process died while {doing} ({e})") from None
+            except (framing.FrameError, ChannelError) as e:
+                self._kill_template()
+                raise StartupError(f"the tool template sent a bad message while {doing}: {e}") from None
+
     def hold(self, forked: tuple[int, socket.socket]) -> None:
         """Take as ours (to configure with ``start_template``, or to stop) the template ``serve`` forked
         before this process had a ZeroMQ context (``executor.spawn.early_template``, or
@@ -162,55 +195,58 @@ class WorkerPool:
         self.template_pid, self.template = forked
         self.held = True
 
-    def start_template(self, fresh: bool = False) -> None:
+    def start_template(self, watch: dict[int, Callable[[], str]] | None = None) -> None:
         """Start the template and learn the tool specs from it (``executor.spawn``): the one ``hold``
-        took is sent its ``Configure`` (it then imports the tools); otherwise one is forked now. A
-        template forked now is a new interpreter (``executor.template``) when ``fresh``: forked from
-        this process's memory, it would give its workers other clients' calls and results and our
-        keys, and ZeroMQ's threads. Without ``fresh`` it goes on in this process's memory, which must
-        then have no ZeroMQ context yet."""
-        send_configure = fresh or self.held  # (a template forked now with our config has it already)
+        took, or else a new interpreter (``executor.template``; forked from this process's memory,
+        it would give its workers other clients' calls and results, our keys, and ZeroMQ's threads).
+
+        Its first message, sent before it reads its ``Configure`` and so before any tool code runs,
+        says whether it has a PID namespace of its own: only that one can turn namespaces off. Then
+        the tools are imported, within ``TEMPLATE_START_TIMEOUT`` for the whole of it, and their
+        report is read with bounds on its size and its decoding. ``watch``: descriptors that end the
+        start when readable (a signal's wakeup pipe, the parent's pidfd), each with a function that
+        says why ("" to go on): raises ``StartStopped``."""
         if self.held and self.template is not None:
             self.held = False
             pid, ours = self.template_pid, self.template
         else:
-            pid, ours = spawn.fork_template(None if fresh else self.config, fresh=fresh)
+            pid, ours = spawn.fork_template(fresh=True)
             self.template_pid, self.template = pid, ours
-        ours.settimeout(TEMPLATE_START_TIMEOUT)
-        if send_configure:
-            configure = Configure(worker=self.config.to_wire(), hardened=hardening.export(),
-                                  log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
-                                  sys_path=list(sys.path))
-            with contextlib.suppress(OSError):  # it died at once: its EOF is reported below
-                framing.send(ours, configure.to_wire())
-        try:
-            first = template_message(framing.recv(ours))
-        except (EOFError, OSError, framing.FrameError, ChannelError) as e:
-            self._kill_template()
-            raise StartupError(f"the tool template process died while importing the tools ({e})") from None
-        ours.settimeout(TEMPLATE_READ_TIMEOUT)  # from now on it sends small messages, each whole at once
-        if isinstance(first, LoadFailed) and first.message.startswith(pidns.FAILED):
+        isolated = self._from_template(NAMESPACE_WAIT, ISOLATED_LIMIT, watch or {}, "setting its PID namespace up")
+        if isinstance(isolated, LoadFailed) and isolated.message.startswith(pidns.FAILED) and not pidns.refused():
             self._kill_template()  # it cannot set its namespace up: run templates in ours, saying so
             self._drop_channel()
-            pidns.refuse(first.message.removeprefix(pidns.FAILED))
-            self.start_template(fresh=True)  # a new interpreter: this process may have ZeroMQ's threads by now
+            pidns.refuse(isolated.message.removeprefix(pidns.FAILED))
+            self.start_template(watch)  # (once: pidns.refused() now, no new template tries a namespace)
             return
-        if not isinstance(first, ToolsLoaded):
+        if not isinstance(isolated, Isolated):
             self._kill_template()
-            raise StartupError(first.message if isinstance(first, LoadFailed) else f"unexpected {first!r}")
+            raise StartupError(f"the tool template could not start: {_said(isolated)}")
+        configure = Configure(worker=self.config.to_wire(), hardened=hardening.export(),
+                              log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+                              sys_path=list(sys.path))
+        with contextlib.suppress(OSError):  # it died at once: its EOF is reported below
+            ours.settimeout(TEMPLATE_READ_TIMEOUT)
+            framing.send(ours, configure.to_wire())
+        first = self._from_template(TEMPLATE_START_TIMEOUT, TOOLS_LOADED_LIMIT, watch or {}, "importing the tools")
+        ours.settimeout(TEMPLATE_READ_TIMEOUT)  # from now on it sends small messages, each whole at once
+        if not isinstance(first, ToolsLoaded):  # a LoadFailed, whatever its text says, is only that
+            self._kill_template()
+            raise StartupError(_said(first))
+        first_pid_ns = isolated.pid_ns
         self.host_pids = None
-        if not first.pid_ns:  # PID 1 of its own namespace: it names its workers by their pids there
+        if not first_pid_ns:  # PID 1 of its own namespace: it names its workers by their pids there
             template = pidns.template_in(self.template_pid)
             if not template:
                 self._kill_template()
                 raise StartupError("the template says it is PID 1 of a namespace of its own, but no such child is "
                                    f"under process {pid}")
             self.host_pids = pidns.HostPids(template)
-        if first.pid_ns and not self.pid_ns_warned:
+        if first_pid_ns and not self.pid_ns_warned:
             self.pid_ns_warned = True
             log.warning("workers run in the executor's own PID namespace (%s): a tool can signal the executor's "
                         "processes and every other process of its user; run as root, allow unprivileged user "
-                        "namespaces, or use --profile hardened", first.pid_ns)
+                        "namespaces, or use --profile hardened", first_pid_ns)
         specs = {s["name"]: ToolSpec.model_validate(s) for s in first.specs}
         if self.specs and specs != self.specs:
             log.warning("the new template's tools differ from the first one's; keeping the first list")
@@ -310,7 +346,7 @@ class WorkerPool:
         self._remove_groups()
         self.template_restarts += 1
         try:
-            self.start_template(fresh=True)
+            self.start_template()
         except StartupError as e:
             log.error("cannot start a new template: %s; stopping", e)
             self.failed = True
@@ -825,6 +861,11 @@ class WorkerPool:
         if fd >= 0 and self.fd_owner.pop(fd, None) is not None and self.poller is not None:
             with contextlib.suppress(KeyError, zmq.ZMQError):
                 self.poller.unregister(fd)
+
+
+def _said(msg: TemplateMessage) -> str:
+    """A template's message where another was due, for an error."""
+    return msg.message if isinstance(msg, LoadFailed) else f"unexpected {msg.OP!r} message"
 
 
 def _death_result(job: Job, sig: int, code: int | None, oom: bool = False, cpu_s: float = 0.0) -> Result:

@@ -24,7 +24,7 @@ import sys
 from typing import NoReturn
 
 from executor import framing, hardening, pidns, procfs
-from executor.channel import ChannelError, Configure, LoadFailed
+from executor.channel import ChannelError, Configure, Isolated, LoadFailed
 from executor.privacy import (
     CAP_SYS_PTRACE,
     CAP_SYS_RESOURCE,
@@ -34,7 +34,6 @@ from executor.privacy import (
     scrub_initial_environment,
 )
 from executor.worker import (
-    PID_NS_NOTE,
     PR_SET_CHILD_SUBREAPER,
     PR_SET_PDEATHSIG,
     WorkerConfig,
@@ -68,14 +67,15 @@ def early_template(workspace: str | None) -> tuple[int, socket.socket]:
     enter_workspace(workspace)
     not_dumpable()
     scrub_initial_environment()
-    return fork_template(None)
+    return fork_template()
 
 
-def fork_template(config: WorkerConfig | None, fresh: bool = False) -> tuple[int, socket.socket]:
+def fork_template(fresh: bool = False) -> tuple[int, socket.socket]:
     """Fork the template: PID 1 of a namespace of its own where the machine allows it
-    (``executor.pidns``). ``fresh``: it becomes a new interpreter (``executor.template``). Else it
-    goes on in this process's memory, with ``config`` or, if None, with the one its ``Configure``
-    brings. Either way it reports ``ToolsLoaded`` (or ``LoadFailed``) on the channel. This process
+    (``executor.pidns``). ``fresh``: it becomes a new interpreter (``executor.template``); else it
+    goes on in this process's memory (which must have no ZeroMQ context). It first reports its
+    namespace (``Isolated``, or ``LoadFailed`` with ``pidns.FAILED``), then waits for its
+    ``Configure``, imports the tools and reports ``ToolsLoaded`` (or ``LoadFailed``). This process
     becomes a subreaper, so whatever a dead template leaves comes back to us to be killed, never to
     init."""
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
@@ -89,10 +89,10 @@ def fork_template(config: WorkerConfig | None, fresh: bool = False) -> tuple[int
             pidns.restore()
     if pid == 0:
         ours.close()
-        why = _template_namespace(isolated, theirs, supervisor)
+        _template_namespace(isolated, theirs, supervisor)
         if fresh:
-            _exec_template(theirs, supervisor, why)
-        template_main(theirs, config if config is not None else _configured(theirs), pid_ns_note=why)
+            _exec_template(theirs, supervisor)
+        template_main(theirs, _configured(theirs))
     theirs.close()
     return pid, ours
 
@@ -114,12 +114,12 @@ def _configured(chan: socket.socket) -> WorkerConfig:
     return WorkerConfig.from_wire(config.worker)
 
 
-def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) -> str:
+def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) -> None:
     """In the child just forked to be a template: make it PID 1 of a namespace of its own
-    (``executor.pidns``) if the supervisor could not (``isolated``: as root it did), and set that
-    namespace's ``/proc`` up. Returns "" or, if the template is not in a namespace of its own, why
-    not. A namespace whose ``/proc`` cannot be set up is reported to the supervisor
-    (``pidns.FAILED``), which then starts templates without one."""
+    (``executor.pidns``) if the supervisor could not (``isolated``: as root it did), set that
+    namespace's ``/proc`` up, and say so (``Isolated``, with why not if it is not in a namespace of
+    its own). A namespace whose ``/proc`` cannot be set up is reported to the supervisor instead
+    (``LoadFailed`` with ``pidns.FAILED``), which then starts templates without one."""
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() not in (supervisor, 0):  # it died before we could ask to die with it
         os._exit(1)
@@ -130,7 +130,8 @@ def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) ->
             note = pidns.enter_user_namespace()
             why = f"{why}; {note}" if note else ""
     if not pidns.in_own_namespace():
-        return why or "no PID namespace"
+        _say_isolated(chan, why or "no PID namespace")
+        return
     try:
         pidns.set_up_child()
     except OSError as e:
@@ -139,10 +140,18 @@ def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) ->
         os._exit(3)
     if pidns.user_namespace:  # what it holds there (CAP_SYS_ADMIN: mounts every worker would see) goes now
         drop_capabilities(*range(int(procfs.read("/proc/sys/kernel/cap_last_cap")) + 1))
-    return ""
+    _say_isolated(chan, "")
 
 
-def _exec_template(chan: socket.socket, supervisor: int, pid_ns_note: str = "") -> NoReturn:
+def _say_isolated(chan: socket.socket, why_not: str) -> None:
+    """The template's first message (``Isolated``), before any tool code can write on its channel."""
+    try:
+        framing.send(chan, Isolated(pid_ns=why_not).to_wire())
+    except OSError:
+        os._exit(1)  # the supervisor is gone
+
+
+def _exec_template(chan: socket.socket, supervisor: int) -> NoReturn:
     """In the child forked to be a fresh template: become ``python -P -m executor.template``, keeping
     only the standard descriptors and ``chan``. ``-P``: our working directory is the workspace, which
     tools may write; on the new interpreter's path, a file there named like a module it imports would
@@ -158,8 +167,6 @@ def _exec_template(chan: socket.socket, supervisor: int, pid_ns_note: str = "") 
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.abspath(framing.__file__)))  # where `executor` is
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-        if pid_ns_note:
-            env[PID_NS_NOTE] = pid_ns_note
         os.execve(sys.executable,
                   [sys.executable, "-P", "-m", "executor.template", str(chan.fileno()), str(supervisor)], env)
     finally:

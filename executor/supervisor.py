@@ -26,7 +26,7 @@ from executor.endpoint import ClientSide, EndpointError, RouterEndpoint
 from executor.limits import effective_limits
 from executor.link import BrokerLink
 from executor.metrics import CallStats, MetricsServer
-from executor.pool import StartupError, WorkerPool
+from executor.pool import StartStopped, StartupError, WorkerPool
 from executor.privacy import not_dumpable, scrub_initial_environment
 from executor.spawn import enter_workspace, fork_template
 from executor.worker import WorkerConfig
@@ -110,6 +110,7 @@ class Supervisor:
         self.complaints = LogBudget(log, "protocol errors from clients")  # a flood of bad messages, a bounded log
         self.stopping = False
         self.exit_code = 0  # 1 when it stops because it cannot go on (the template died)
+        self.stopped_by = ""  # the signal that asked it to stop
 
     # ---------------------------------------------------------------- start-up and shutdown
 
@@ -119,8 +120,19 @@ class Supervisor:
         not_dumpable()  # no ptrace, /proc/PID/mem or pidfd_getfd of our processes by a tool of our user
         scrub_initial_environment()  # nor the environment we started with, through /proc/PID/environ
         # The template is forked before any ZeroMQ context exists, and waits for its Configure.
-        self.pool.hold(self.early_template or fork_template(None))
+        self.pool.hold(self.early_template or fork_template())
         self.early_template = None
+        # A signal or the parent's exit from now on, the import included, is a shutdown that removes
+        # what was made (the socket file first), never Python's default death.
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        os.set_blocking(wake_r, False)
+        signal.set_wakeup_fd(wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        watch = {wake_r: lambda: self._signalled(wake_r)}
+        if parent_fd is not None:
+            watch[parent_fd] = lambda: f"parent process {self.parent_pid} exited"
         ctx = zmq.Context()
         try:
             # Then every part of the start that can be refused (keys, addresses, the metrics port), so
@@ -129,7 +141,7 @@ class Supervisor:
             self.clients = self._open_clients(ctx)
             if self.metrics_address:
                 self.metrics = MetricsServer(self.metrics_address)
-            self.pool.start_template()  # the tools are imported now
+            self.pool.start_template(watch)  # the tools are imported now
         except (EndpointError, CurveError, ValueError, StartupError) as e:
             if self.metrics is not None:
                 self.metrics.close()
@@ -137,14 +149,11 @@ class Supervisor:
                 self.clients.close()
             self.pool.stop_template()
             ctx.term()
+            if isinstance(e, StartStopped):
+                log.info("stopped while the tools were imported: %s", e)
+                return 0
             raise StartupError(str(e)) from None
         self.clients.start()  # a link announces itself to its broker: with the tools known now
-        wake_r, wake_w = os.pipe()
-        os.set_blocking(wake_w, False)
-        os.set_blocking(wake_r, False)
-        signal.set_wakeup_fd(wake_w)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self._on_signal)
         poller = zmq.Poller()
         poller.register(self.clients.socket, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
@@ -210,6 +219,13 @@ class Supervisor:
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.stopping = True
+        self.stopped_by = signal.Signals(signum).name
+
+    def _signalled(self, wake_r: int) -> str:
+        """While the tools are imported: the wakeup pipe was written; why to stop, or "" to go on."""
+        with contextlib.suppress(BlockingIOError):
+            os.read(wake_r, 4096)
+        return self.stopped_by if self.stopping else ""
 
     def _shutdown(self, ctx: zmq.Context[Any]) -> None:
         log.info("shutting down")

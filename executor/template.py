@@ -19,14 +19,13 @@ import sys
 from executor import framing, hardening
 from executor.channel import ChannelError, Configure
 from executor.privacy import not_dumpable, scrub_initial_environment
-from executor.worker import PID_NS_NOTE, PR_SET_PDEATHSIG, WorkerConfig, _prctl, template_main
+from executor.worker import PR_SET_PDEATHSIG, WorkerConfig, _prctl, template_main
 
 CONFIGURE_TIMEOUT = 10.0  # seconds to wait for the supervisor's Configure (it sends it right after the fork)
 
 
 def main(argv: list[str]) -> None:
     fd, supervisor = int(argv[0]), int(argv[1])
-    pid_ns_note = os.environ.pop(PID_NS_NOTE, "")
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() not in (supervisor, 0):  # it died before we could ask to die with it (0: we are
         os._exit(1)                           # PID 1 of our own namespace; then its channel says so)
@@ -46,7 +45,7 @@ def main(argv: list[str]) -> None:
                         format=f"%(asctime)s ciayn-executor[{supervisor}] template %(levelname)s %(message)s")
     if config.hardened is not None:
         hardening.restore(config.hardened)
-    template_main(chan, WorkerConfig.from_wire(config.worker), pid_ns_note=pid_ns_note)
+    template_main(chan, WorkerConfig.from_wire(config.worker))
 
 
 if __name__ == "__main__":

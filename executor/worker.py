@@ -65,7 +65,6 @@ from protocol.environment import allowed_environment
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-PID_NS_NOTE = "CIAYN_PID_NS_NOTE"  # to a template started afresh: why it is not in a PID namespace of its own
 MAX_TRACEBACK_CHARS = 4000
 MAX_MESSAGE_CHARS = 4000
 MAX_TYPE_CHARS = 200
@@ -182,9 +181,8 @@ def kill_children(keep: frozenset[int] = frozenset(), wait: float = KILL_WAIT) -
 # template
 
 
-def template_main(chan: socket.socket, config: WorkerConfig, pid_ns_note: str = "") -> None:
-    """Entry of the template process (never returns). ``pid_ns_note``: why it is not PID 1 of a
-    namespace of its own (``executor.pidns``), or "" if it is."""
+def template_main(chan: socket.socket, config: WorkerConfig) -> None:
+    """Entry of the template process (never returns)."""
     code = 0
     try:
         close_fds_except(0, 1, 2, chan.fileno())  # the supervisor's pidfd, sockets, pipes: not ours
@@ -214,8 +212,7 @@ def template_main(chan: socket.socket, config: WorkerConfig, pid_ns_note: str = 
             rehearse()  # once here too: what it needs is made before any worker is forked
         gc.freeze()  # a worker's garbage collections never walk (and so copy) the template's objects
         framing.send(chan, ToolsLoaded(specs=[t.spec.model_dump() for t in tools.values()],
-                                       cgroups=pool.cgroups.describe() if pool.cgroups else "",
-                                       pid_ns=pid_ns_note).to_wire())
+                                       cgroups=pool.cgroups.describe() if pool.cgroups else "").to_wire())
         _template_loop(chan, tools, pool)
     except BaseException:
         traceback.print_exc()

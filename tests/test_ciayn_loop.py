@@ -32,7 +32,7 @@ from controller.events import (
 )
 from controller.history import TRIM_NOTE, trim_history
 from controller.models import ModelConfig, ModelError, ModelReply, ScriptedModel, estimate_tokens
-from protocol import Call, ErrorInfo, Limits, Result, ToolSpec, WorkerInfo, parse_call
+from protocol import Call, ErrorInfo, Limits, Result, Stats, ToolSpec, WorkerInfo, parse_call
 
 DONE = 'complete_task(summary="all done")'
 
@@ -724,6 +724,14 @@ def _result(kind: str | None, message: str = "", **fields: Any) -> Result:
                 worker=WorkerInfo(id=0, pid=1, incarnation=2, restarted=True),
             ),
             "the tool timed out after 5 s and its worker was restarted; tool state was reset",
+        ),
+        (  # killed at its limit, measured a hair short of it: said as the limit
+            _result("timeout", limits=Limits(timeout_s=1), stats=Stats(wall_s=0.97)),
+            "the tool timed out after 1 s",
+        ),
+        (  # it waited in the queue first: it ran for less than its limit, and says how long
+            _result("timeout", limits=Limits(timeout_s=5), stats=Stats(wall_s=0.4)),
+            "the tool timed out after 0.4 s",
         ),
         (
             _result("memory", "killed", limits=Limits(memory_mb=256)),

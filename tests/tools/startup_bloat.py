@@ -1,7 +1,7 @@
 """Tools for tests/test_startup_redteam.py: at import this module writes on the template's channel,
-as the template's first message, a ``ToolsLoaded`` of no tools carrying an extra field: an array of
-16 million nils (16 MiB on the wire, and a list of 16 million references, 128 MiB, once decoded
-without a bound on work). Then it waits (bounded) for ``release`` in the working directory."""
+as the report of its import, a ``ToolsLoaded`` of no tools carrying an extra field: an array of 8
+million nils (8 MiB on the wire, and a list of 8 million references, 64 MiB, once decoded without a
+bound on work). Then it waits (bounded) for ``release`` in the working directory."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import time
 from executor import framing, tool
 from executor.channel import ToolsLoaded
 
-COUNT = 16 * 1024 * 1024
+COUNT = 8 * 1024 * 1024
 
 
 def _channel() -> socket.socket:
