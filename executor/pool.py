@@ -161,6 +161,7 @@ class WorkerPool:
         self.failed = False  # no template could be made: the executor cannot go on
         self.stopping = False
         self.held = False  # the template is one forked ahead that waits for its Configure (``hold``)
+        self.watch: dict[int, Callable[[], str]] = {}  # what ends a template's start (``start_template``)
 
     # ---------------------------------------------------------------- start-up and shutdown
 
@@ -205,14 +206,17 @@ class WorkerPool:
         the tools are imported, within ``TEMPLATE_START_TIMEOUT`` for the whole of it, and their
         report is read with bounds on its size and its decoding. ``watch``: descriptors that end the
         start when readable (a signal's wakeup pipe, the parent's pidfd), each with a function that
-        says why ("" to go on): raises ``StartStopped``."""
+        says why ("" to go on): raises ``StartStopped``. They are kept for the replacements."""
+        if watch is not None:
+            self.watch = watch
+        watch = self.watch
         if self.held and self.template is not None:
             self.held = False
             pid, ours = self.template_pid, self.template
         else:
             pid, ours = spawn.fork_template(fresh=True)
             self.template_pid, self.template = pid, ours
-        isolated = self._from_template(NAMESPACE_WAIT, ISOLATED_LIMIT, watch or {}, "setting its PID namespace up")
+        isolated = self._from_template(NAMESPACE_WAIT, ISOLATED_LIMIT, watch, "setting its PID namespace up")
         if isinstance(isolated, LoadFailed) and isolated.message.startswith(pidns.FAILED) and not pidns.refused():
             self._kill_template()  # it cannot set its namespace up: run templates in ours, saying so
             self._drop_channel()
@@ -228,7 +232,7 @@ class WorkerPool:
         with contextlib.suppress(OSError):  # it died at once: its EOF is reported below
             ours.settimeout(TEMPLATE_READ_TIMEOUT)
             framing.send(ours, configure.to_wire())
-        first = self._from_template(TEMPLATE_START_TIMEOUT, TOOLS_LOADED_LIMIT, watch or {}, "importing the tools")
+        first = self._from_template(TEMPLATE_START_TIMEOUT, TOOLS_LOADED_LIMIT, watch, "importing the tools")
         ours.settimeout(TEMPLATE_READ_TIMEOUT)  # from now on it sends small messages, each whole at once
         if not isinstance(first, ToolsLoaded):  # a LoadFailed, whatever its text says, is only that
             self._kill_template()
@@ -347,6 +351,9 @@ class WorkerPool:
         self.template_restarts += 1
         try:
             self.start_template()
+        except StartStopped as e:
+            log.info("stopped while a new template imported the tools: %s", e)
+            return  # (the loop stops: its signal's flag is set, or the parent's pidfd stays readable)
         except StartupError as e:
             log.error("cannot start a new template: %s; stopping", e)
             self.failed = True

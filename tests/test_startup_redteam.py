@@ -285,6 +285,27 @@ def test_sigint_while_the_tools_import_leaves_nothing_behind(tmp_path: Path, exe
     assert "Traceback" not in ex.log(), ex.log()
 
 
+def test_sigterm_while_a_replacement_template_imports_the_tools_stops_promptly(
+        tmp_path: Path, executors: list[Executor]) -> None:
+    """The template dies after serving; its replacement (a new interpreter) imports the tools again,
+    and that import blocks. A SIGTERM then ends the wait at once (the signal's wakeup pipe is watched
+    there too), not once the import is over: the executor exits 0 and leaves nothing."""
+    ex = _start(executors, tmp_path, [GATE])
+    ex.release()
+    with ExecutorClient(ex.endpoint, timeout=30) as client:
+        assert client.call(Call(tool="echo", kwargs={"x": 5})).value == 5
+    (ex.workspace / "release").unlink()
+    (ex.workspace / "importing").unlink()
+    template = template_of(ex.proc.pid)
+    assert template, "no template under the supervisor"
+    os.kill(template, signal.SIGKILL)
+    ex.wait_for("importing")  # the replacement is inside the import now
+    os.kill(ex.proc.pid, signal.SIGTERM)
+    assert ex.wait_exit() == 0, ex.log()
+    ex.assert_nothing_left()
+    assert not ex.sock.exists(), "the executor stopped during a replacement's import left its socket file"
+
+
 def test_parent_death_while_the_tools_import_stops_the_executor_promptly(
         tmp_path: Path, executors: list[Executor]) -> None:
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=ENV)
