@@ -346,7 +346,9 @@ class ExecutorClient:
                     self._give_up(pending, self._silence(silence))
                 apply_grace = self._apply_grace()
                 for cid, p in list(pending.items()):
-                    if now >= p.deadline + apply_grace:
+                    if now >= p.deadline + apply_grace and not self._heard_once:  # nothing ever answered
+                        self._give_up_one(pending, cid, self._silence(silence))
+                    elif now >= p.deadline + apply_grace:
                         self._queue(Cancel(id=cid))
                         self._resolve(pending, cid, Result.failure(
                             cid, "timeout",
@@ -372,13 +374,16 @@ class ExecutorClient:
     def _give_up(self, pending: dict[str, _Pending], why: str) -> None:
         """Answer every call in flight ``unavailable`` and cancel those the executor may hold, so that
         none of them runs later unseen."""
-        for cid, p in list(pending.items()):
-            if p.sent:
-                self._queue(Cancel(id=cid))
-                message = f"{why}; the call may or may not have run (a cancel was sent)"
-            else:
-                message = f"{why}; the call was never sent"
-            self._resolve(pending, cid, Result.failure(cid, "unavailable", message))
+        for cid in list(pending):
+            self._give_up_one(pending, cid, why)
+
+    def _give_up_one(self, pending: dict[str, _Pending], cid: str, why: str) -> None:
+        if pending[cid].sent:
+            self._queue(Cancel(id=cid))
+            message = f"{why}; the call may or may not have run (a cancel was sent)"
+        else:
+            message = f"{why}; the call was never sent"
+        self._resolve(pending, cid, Result.failure(cid, "unavailable", message))
 
     def _drain_inbox(self, pending: dict[str, _Pending], now: float) -> bool:
         while True:

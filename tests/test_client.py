@@ -309,6 +309,19 @@ def test_tools_raises_when_no_executor_answers(tmp_path: Path) -> None:
         assert r.error is not None and r.error.kind == "unavailable"
 
 
+def test_a_call_to_an_endpoint_nothing_ever_answered_says_so_by_its_deadline(tmp_path: Path) -> None:
+    """Before an executor's first word the client does not give calls up after UNAVAILABLE_AFTER of
+    silence (the executor may be loading its tools), but each call's own deadline holds, and the
+    answer then says that nothing ever answered there, not that the tool timed out."""
+    with ExecutorClient(f"ipc://{tmp_path}/nobody.sock") as client:
+        started = time.monotonic()
+        r = client.call(Call(tool="noop", timeout=1))
+        took = time.monotonic() - started
+    assert r.error is not None and r.error.kind == "unavailable", r
+    assert "nothing has answered at" in r.error.message and "may or may not have run" in r.error.message, r
+    assert 1 <= took < 1 + DEADLINE_GRACE + SLACK, took
+
+
 def test_local_executor_start_failure_raises_with_the_log_tail(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
