@@ -141,18 +141,25 @@ class Reader:
 
     MAX_FRAMES_PER_FEED = 16
 
-    def __init__(self, sock: socket.socket, limit: int = MAX_INTERNAL_FRAME) -> None:
+    def __init__(self, sock: socket.socket, limit: int = MAX_INTERNAL_FRAME, one: bool = False) -> None:
+        """``one``: read one frame's bytes and no more (the header exactly, then the body), and
+        return at most that frame per ``feed``: what follows stays in the socket (a template's
+        messages after its start carry descriptors, read by ``recv_with_fds``)."""
         self.sock = sock
         self.buf = bytearray()
         self.limit = limit
+        self.one = one
 
     def feed(self) -> tuple[list[Any], bool]:
         """Read what is available; return the complete frames and whether the peer closed. Raises
         ``FrameError`` for a frame over the limit or one that is not msgpack."""
         closed = False
         frames: list[Any] = []
-        while len(frames) < self.MAX_FRAMES_PER_FEED:
+        cap = 1 if self.one else self.MAX_FRAMES_PER_FEED
+        while True:
             self._take_frames(frames)
+            if len(frames) >= cap:
+                break
             want = self._room()
             try:  # MSG_DONTWAIT: the socket stays blocking for sends
                 chunk = self.sock.recv(min(_CHUNK, want), socket.MSG_DONTWAIT)
@@ -173,7 +180,7 @@ class Reader:
     def _room(self) -> int:
         """How many bytes the next read may take: the rest of the frame being read (at least a header)."""
         if len(self.buf) < _HEADER.size:
-            return _HEADER.size - len(self.buf) + _CHUNK
+            return _HEADER.size - len(self.buf) + (0 if self.one else _CHUNK)
         size: int = _HEADER.unpack_from(self.buf)[0]
         return max(1, _HEADER.size + size - len(self.buf))
 

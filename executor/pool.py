@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import socket
 import sys
@@ -74,6 +75,21 @@ REFILL_MAX_DELAY = 0.02  # ...or this long after it was first due, whichever com
 SPIN_AFTER_DISPATCH = 0.0003  # seconds of polling without sleep after a dispatch (quick calls' replies)
 POLL_MAX_S = 1.0
 MAX_ABANDONED = 64  # processes that would not die, remembered for the log
+
+
+ISOLATING, IMPORTING = "setting its PID namespace up", "importing the tools"  # a start's two waits
+
+
+@dataclass
+class _Starting:
+    """A template being started (``WorkerPool._begin_start``): what it is waited for."""
+
+    pid: int
+    deadline: float
+    within: float
+    reader: framing.Reader
+    doing: str = ISOLATING
+    pid_ns: str = ""  # why it is not PID 1 of a namespace of its own ("" when it is)
 
 
 class StartupError(Exception):
@@ -161,103 +177,134 @@ class WorkerPool:
         self.failed = False  # no template could be made: the executor cannot go on
         self.stopping = False
         self.held = False  # the template is one forked ahead that waits for its Configure (``hold``)
-        self.watch: dict[int, Callable[[], str]] = {}  # what ends a template's start (``start_template``)
+        self.starting: _Starting | None = None  # a template is being started: no workers, calls wait
 
     # ---------------------------------------------------------------- start-up and shutdown
-
-    def _from_template(self, within: float, limit: int, watch: dict[int, Callable[[], str]],
-                       doing: str) -> TemplateMessage:
-        """The starting template's next message, whole within ``within`` seconds and at most ``limit``
-        bytes; ``doing`` names the wait in errors."""
-        assert self.template is not None
-        deadline = time.monotonic() + within
-        while True:
-            try:
-                return template_message(framing.recv_by(self.template, deadline, limit, watch))
-            except framing.Interrupted as e:
-                if why := watch[e.fd]():
-                    self._kill_template()
-                    raise StartStopped(why) from None
-            except TimeoutError:
-                self._kill_template()
-                raise StartupError(f"the tool template was still {doing} after {within:g} s; it was "
-                                   "killed") from None
-            except (EOFError, OSError) as e:
-                self._kill_template()
-                raise StartupError(f"the tool template process died while {doing} ({e})") from None
-            except (framing.FrameError, ChannelError) as e:
-                self._kill_template()
-                raise StartupError(f"the tool template sent a bad message while {doing}: {e}") from None
 
     def hold(self, forked: tuple[int, socket.socket]) -> None:
         """Take as ours (to configure with ``start_template``, or to stop) the template ``serve`` forked
         before this process had a ZeroMQ context (``executor.spawn.early_template``, or
-        ``fork_template(None)``): it waits for its ``Configure`` and has read no tool module yet."""
+        ``fork_template()``): it waits for its ``Configure`` and has read no tool module yet."""
         self.template_pid, self.template = forked
         self.held = True
 
     def start_template(self, watch: dict[int, Callable[[], str]] | None = None) -> None:
-        """Start the template and learn the tool specs from it (``executor.spawn``): the one ``hold``
-        took, or else a new interpreter (``executor.template``; forked from this process's memory,
-        it would give its workers other clients' calls and results, our keys, and ZeroMQ's threads).
+        """Start the first template and wait until it has loaded the tools (``_begin_start``): the
+        executor serves nothing before. ``watch``: descriptors that end the wait when readable (a
+        signal's wakeup pipe, the parent's pidfd), each with a function that says why ("" to go on):
+        raises ``StartStopped``. A replacement template (``_replace_template``) is started the same
+        way but waited for by the event loop, which goes on answering clients meanwhile."""
+        self._begin_start()
+        poller = select.poll()
+        for fd in (self.template_fd, *(watch or {})):
+            poller.register(fd, select.POLLIN)
+        while (starting := self.starting) is not None:
+            left = starting.deadline - time.monotonic()
+            ready = {fd for fd, _ in poller.poll(max(0, int(left * 1000) + 1))} if left > 0 else set()
+            for fd, why in (watch or {}).items():
+                if fd in ready and (reason := why()):
+                    self._end_start()
+                    raise StartStopped(reason)
+            if self.template_fd in ready:
+                fd = self.template_fd
+                self._start_step()
+                if self.starting is not None and self.template_fd != fd:  # a new template (no namespace)
+                    poller.unregister(fd)
+                    poller.register(self.template_fd, select.POLLIN)
+            elif left <= 0:
+                self._start_expired()
 
-        Its first message, sent before it reads its ``Configure`` and so before any tool code runs,
-        says whether it has a PID namespace of its own: only that one can turn namespaces off. Then
-        the tools are imported, within ``TEMPLATE_START_TIMEOUT`` for the whole of it, and their
-        report is read with bounds on its size and its decoding. ``watch``: descriptors that end the
-        start when readable (a signal's wakeup pipe, the parent's pidfd), each with a function that
-        says why ("" to go on): raises ``StartStopped``. They are kept for the replacements."""
-        if watch is not None:
-            self.watch = watch
-        watch = self.watch
+    def _begin_start(self) -> None:
+        """Take the held template, or fork a new interpreter (``executor.template``; forked from this
+        process's memory, it would give its workers other clients' calls and results, our keys, and
+        ZeroMQ's threads), and wait for its first message (``_start_step``)."""
         if self.held and self.template is not None:
             self.held = False
-            pid, ours = self.template_pid, self.template
         else:
-            pid, ours = spawn.fork_template(fresh=True)
-            self.template_pid, self.template = pid, ours
-        isolated = self._from_template(NAMESPACE_WAIT, ISOLATED_LIMIT, watch, "setting its PID namespace up")
-        if isinstance(isolated, LoadFailed) and isolated.message.startswith(pidns.FAILED) and not pidns.refused():
-            self._kill_template()  # it cannot set its namespace up: run templates in ours, saying so
-            self._drop_channel()
-            pidns.refuse(isolated.message.removeprefix(pidns.FAILED))
-            self.start_template(watch)  # (once: pidns.refused() now, no new template tries a namespace)
+            self.template_pid, self.template = spawn.fork_template(fresh=True)
+        self.template_fd = self.template.fileno()
+        self.starting = _Starting(self.template_pid, time.monotonic() + NAMESPACE_WAIT, NAMESPACE_WAIT,
+                                  framing.Reader(self.template, ISOLATED_LIMIT, one=True))
+        if self.poller is not None:
+            self.poller.register(self.template_fd, zmq.POLLIN)
+
+    def _start_step(self) -> None:
+        """The starting template's channel is readable. Its first message, sent before it reads its
+        ``Configure`` and so before any tool code runs, says whether it has a PID namespace of its
+        own: only that one can turn namespaces off. Then the tools are imported, within
+        ``TEMPLATE_START_TIMEOUT`` for the whole of it (a template trickling bytes cannot stretch
+        it), and their report is read with bounds on its size and its decoding. Raises
+        ``StartupError`` (the template killed) if the start fails."""
+        starting = self.starting
+        assert starting is not None and self.template is not None
+        try:
+            frames, closed = starting.reader.feed()
+            msg = template_message(frames[0]) if frames else None
+        except (framing.FrameError, ChannelError) as e:
+            self._end_start()
+            raise StartupError(f"the tool template sent a bad message while {starting.doing}: {e}") from None
+        if msg is None:
+            if closed:
+                self._end_start()
+                raise StartupError(f"the tool template process died while {starting.doing}")
             return
-        if not isinstance(isolated, Isolated):
-            self._kill_template()
-            raise StartupError(f"the tool template could not start: {_said(isolated)}")
-        configure = Configure(worker=self.config.to_wire(), hardened=hardening.export(),
-                              log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
-                              sys_path=list(sys.path))
-        with contextlib.suppress(OSError):  # it died at once: its EOF is reported below
-            ours.settimeout(TEMPLATE_READ_TIMEOUT)
-            framing.send(ours, configure.to_wire())
-        first = self._from_template(TEMPLATE_START_TIMEOUT, TOOLS_LOADED_LIMIT, watch, "importing the tools")
-        ours.settimeout(TEMPLATE_READ_TIMEOUT)  # from now on it sends small messages, each whole at once
-        if not isinstance(first, ToolsLoaded):  # a LoadFailed, whatever its text says, is only that
-            self._kill_template()
-            raise StartupError(_said(first))
-        first_pid_ns = isolated.pid_ns
+        if starting.doing == ISOLATING:
+            if isinstance(msg, LoadFailed) and msg.message.startswith(pidns.FAILED) and not pidns.refused():
+                self._end_start()  # it cannot set its namespace up: run templates in ours, saying so
+                pidns.refuse(msg.message.removeprefix(pidns.FAILED))
+                self._begin_start()  # (once: pidns.refused() now, so no new template tries a namespace)
+                return
+            if not isinstance(msg, Isolated):
+                self._end_start()
+                raise StartupError(f"the tool template could not start: {_said(msg)}")
+            starting.pid_ns = msg.pid_ns
+            configure = Configure(worker=self.config.to_wire(), hardened=hardening.export(),
+                                  log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
+                                  sys_path=list(sys.path))
+            with contextlib.suppress(OSError):  # it died at once: its EOF comes next
+                self.template.settimeout(TEMPLATE_READ_TIMEOUT)
+                framing.send(self.template, configure.to_wire())
+            starting.doing, starting.within = IMPORTING, TEMPLATE_START_TIMEOUT
+            starting.deadline = time.monotonic() + TEMPLATE_START_TIMEOUT
+            starting.reader = framing.Reader(self.template, TOOLS_LOADED_LIMIT, one=True)
+            return
+        if not isinstance(msg, ToolsLoaded):  # a LoadFailed, whatever its text says, is only that
+            self._end_start()
+            raise StartupError(_said(msg))
         self.host_pids = None
-        if not first_pid_ns:  # PID 1 of its own namespace: it names its workers by their pids there
+        if not starting.pid_ns:  # PID 1 of its own namespace: it names its workers by their pids there
             template = pidns.template_in(self.template_pid)
             if not template:
-                self._kill_template()
+                self._end_start()
                 raise StartupError("the template says it is PID 1 of a namespace of its own, but no such child is "
-                                   f"under process {pid}")
+                                   f"under process {starting.pid}")
             self.host_pids = pidns.HostPids(template)
-        if first_pid_ns and not self.pid_ns_warned:
+        if starting.pid_ns and not self.pid_ns_warned:
             self.pid_ns_warned = True
             log.warning("workers run in the executor's own PID namespace (%s): a tool can signal the executor's "
                         "processes and every other process of its user; run as root, allow unprivileged user "
-                        "namespaces, or use --profile hardened", first_pid_ns)
-        specs = {s["name"]: ToolSpec.model_validate(s) for s in first.specs}
+                        "namespaces, or use --profile hardened", starting.pid_ns)
+        specs = {s["name"]: ToolSpec.model_validate(s) for s in msg.specs}
         if self.specs and specs != self.specs:
             log.warning("the new template's tools differ from the first one's; keeping the first list")
         else:
             self.specs = specs
-        self.cgroups = first.cgroups
-        self.template_fd = ours.fileno()
+        self.cgroups = msg.cgroups
+        self.starting = None
+        if self.template_restarts:
+            log.info("the new template has loaded the tools")
+
+    def _start_expired(self) -> None:
+        starting = self.starting
+        assert starting is not None
+        self._end_start()
+        raise StartupError(f"the tool template was still {starting.doing} after {starting.within:g} s; it was killed")
+
+    def _end_start(self) -> None:
+        """A start that failed or was stopped: its template is killed and its channel closed."""
+        self.starting = None
+        self._kill_template()
+        self._drop_channel()
 
     def attach(self, poller: zmq.Poller) -> None:
         """Register with the supervisor's poller and start the workers."""
@@ -284,6 +331,8 @@ class WorkerPool:
                 support.remove_named(f"{self.executor_id}-", wait=SHUTDOWN_WAIT)
 
     def stop_template(self) -> None:
+        if self.starting is not None:  # it is importing the tools, and would read its EOF only after
+            self._end_start()
         self._drop_channel()  # the template kills what is left and exits on EOF (a held one: at once)
         if self.template_pid:
             deadline = time.monotonic() + 2.0
@@ -349,18 +398,9 @@ class WorkerPool:
         kill_children(wait=REPLACE_WAIT)  # the old template's orphans came to us (what SIGKILL cannot stop is left)
         self._remove_groups()
         self.template_restarts += 1
-        try:
-            self.start_template()
-        except StartStopped as e:
-            log.info("stopped while a new template imported the tools: %s", e)
-            return  # (the loop stops: its signal's flag is set, or the parent's pidfd stays readable)
-        except StartupError as e:
-            log.error("cannot start a new template: %s; stopping", e)
-            self.failed = True
-            return
-        if self.poller is not None and self.template is not None:
-            self.poller.register(self.template_fd, zmq.POLLIN)
-        self._refill()
+        # The new template is waited for by the loop (``_on_template``), which goes on answering
+        # pings, status and the broker meanwhile; calls wait in the queue, within their bounds.
+        self._begin_start()
 
     # ---------------------------------------------------------------- the loop's view
 
@@ -391,6 +431,8 @@ class WorkerPool:
             wait = min(wait, self.refill_at - now)
         if self.sweep_due:
             wait = min(wait, self.swept_at + SWEEP_INTERVAL - now)
+        if self.starting is not None:
+            wait = min(wait, self.starting.deadline - now)
         return wait
 
     def handle(self, events: dict[Any, int]) -> None:
@@ -451,7 +493,7 @@ class WorkerPool:
         setting up its control group take the CPU the running call and its answer need (on 2 cores
         that doubled a no-op call's latency). A call that waits for a worker while none is ready
         makes the refill ``urgent``."""
-        if self.template is None or self.stopping:
+        if self.template is None or self.starting is not None or self.stopping:
             return
         if self.config.reuse:
             want = self.size - len([s for s in self.slots.values() if not s.killed and not s.closed_at])
@@ -480,7 +522,13 @@ class WorkerPool:
     def check_deadlines(self, now: float) -> None:
         if self.refill_at and now >= self.refill_at:
             self._refill()
-        if self.sweep_due and now >= self.swept_at + SWEEP_INTERVAL and self.template is not None:
+        if self.starting is not None and now >= self.starting.deadline:
+            try:
+                self._start_expired()
+            except StartupError as e:
+                self._start_failed(e)
+        if self.sweep_due and now >= self.swept_at + SWEEP_INTERVAL and self.template is not None \
+                and self.starting is None:
             self.sweep_due, self.swept_at = False, now
             with contextlib.suppress(OSError):
                 framing.send(self.template, Sweep().to_wire())
@@ -519,8 +567,21 @@ class WorkerPool:
 
     # ---------------------------------------------------------------- workers
 
+    def _start_failed(self, e: StartupError) -> None:
+        log.error("cannot start a new template: %s; stopping", e)
+        self.failed = True
+
     def _on_template(self) -> None:
         assert self.template is not None
+        if self.starting is not None:
+            try:
+                self._start_step()
+            except StartupError as e:
+                self._start_failed(e)
+                return
+            if self.starting is None:
+                self._refill()
+            return
         try:
             raw, fds = framing.recv_with_fds(self.template, limit=TEMPLATE_FRAME_LIMIT)
             msg = template_message(raw)

@@ -306,6 +306,34 @@ def test_sigterm_while_a_replacement_template_imports_the_tools_stops_promptly(
     assert not ex.sock.exists(), "the executor stopped during a replacement's import left its socket file"
 
 
+def test_while_a_replacement_template_imports_the_tools_the_executor_answers_and_queues(
+        tmp_path: Path, executors: list[Executor], ctx: zmq.Context[Any]) -> None:
+    """The template dies after serving, and its replacement's import blocks. The event loop waits
+    for that template, not the other way round: pings are answered at once (saying a call is
+    queued), so no client or broker takes the executor for dead, and the call that came meanwhile
+    runs once the tools are loaded."""
+    ex = _start(executors, tmp_path, [GATE])
+    ex.release()
+    sock = _dealer(ctx, ex.endpoint, b"replacing")
+    sock.send_multipart(encode(Call(id="before", tool="echo", kwargs={"x": 1})))
+    assert [r.value for r in _collect([sock], lambda g: len(g[0]) >= 1, 20)[0]] == [1]
+    (ex.workspace / "release").unlink()
+    (ex.workspace / "importing").unlink()
+    template = template_of(ex.proc.pid)
+    assert template, "no template under the supervisor"
+    os.kill(template, signal.SIGKILL)
+    ex.wait_for("importing")  # the replacement is inside the import now
+    sock.send_multipart(encode(Call(id="during", tool="echo", kwargs={"x": 2})))
+    for nonce in (1, 2, 3):
+        sock.send_multipart(encode(Ping(nonce=nonce)))
+        pong = _collect([sock], lambda g: len(g[0]) >= 1, 2.0)[0][0]
+        assert isinstance(pong, Pong) and pong.nonce == nonce, pong
+        assert pong.queued == 1 and pong.busy == 0, pong
+    ex.release()
+    result = _collect([sock], lambda g: len(g[0]) >= 1, 20)[0][0]
+    assert isinstance(result, Result) and result.id == "during" and result.ok and result.value == 2, result
+
+
 def test_parent_death_while_the_tools_import_stops_the_executor_promptly(
         tmp_path: Path, executors: list[Executor]) -> None:
     parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=ENV)
