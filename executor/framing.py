@@ -5,11 +5,8 @@ the worker end runs tool code, so the supervisor still bounds what it reads."""
 from __future__ import annotations
 
 import os
-import select
 import socket
 import struct
-import time
-from collections.abc import Collection
 from typing import Any
 
 import msgpack
@@ -58,55 +55,6 @@ def recv(sock: socket.socket) -> Any:
     if size > MAX_INTERNAL_FRAME:
         raise FrameError(f"internal frame of {size} bytes is too large")
     return msgpack.unpackb(_recv_exact(sock, size), raw=False)
-
-
-class Interrupted(Exception):
-    """``recv_by``: one of the watched descriptors became readable first."""
-
-    def __init__(self, fd: int) -> None:
-        super().__init__(f"descriptor {fd} is readable")
-        self.fd = fd
-
-
-def recv_by(sock: socket.socket, deadline: float, limit: int, watch: Collection[int] = ()) -> Any:
-    """One frame of at most ``limit`` bytes, whole by ``deadline`` (``time.monotonic``): a peer that
-    trickles bytes cannot stretch the wait, as it could a per-read timeout. Decoded with a bound on
-    its work (``protocol.codec.unpack``). Reads only that frame's bytes (what follows stays in the
-    socket); ancillary data sent with it is discarded by the kernel. Raises ``TimeoutError``,
-    ``EOFError``, ``FrameError``, or ``Interrupted`` when a ``watch`` descriptor becomes readable first."""
-    (size,) = _HEADER.unpack(_recv_by(sock, _HEADER.size, deadline, watch))
-    if size > limit:
-        raise FrameError(f"internal frame of {size} bytes is over the {limit}-byte limit")
-    body = _recv_by(sock, size, deadline, watch)
-    try:
-        return unpack(body)
-    except Exception as e:  # msgpack raises many types for malformed input
-        raise FrameError(f"internal frame is not valid msgpack: {type(e).__name__}: {e}") from None
-
-
-def _recv_by(sock: socket.socket, n: int, deadline: float, watch: Collection[int]) -> bytes:
-    poller = select.poll()  # (not select(): descriptors past 1023 are common in a busy supervisor)
-    for fd in (sock.fileno(), *watch):
-        poller.register(fd, select.POLLIN)
-    got = bytearray()
-    while len(got) < n:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"{len(got)} of {n} bytes came in time")
-        ready = {fd for fd, _ in poller.poll(max(1, int(left * 1000) + 1))}
-        for fd in watch:
-            if fd in ready:
-                raise Interrupted(fd)
-        if sock.fileno() not in ready:
-            continue
-        try:  # MSG_DONTWAIT: the socket's own blocking mode is left alone
-            chunk = sock.recv(min(n - len(got), 1 << 20), socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            continue
-        if not chunk:
-            raise EOFError("peer closed the channel")
-        got += chunk
-    return bytes(got)
 
 
 def recv_with_fds(sock: socket.socket, max_fds: int = 8, limit: int = MAX_INTERNAL_FRAME) -> tuple[Any, list[int]]:
