@@ -51,6 +51,9 @@ from tests.test_executor_faults import Wire, _alive, assert_tree_is_supervisor_t
 ATTACKS = str(TESTS / "tools" / "attacks.py")
 TIMEOUT = 5.0  # the executors' wall-clock limit
 GRACE = 1.5  # how late after its bound an answer may come, on a loaded 2-core machine
+# What a new template (a fresh interpreter importing the tools) may take to fork its first worker on
+# a loaded 2-core machine: under 1 s alone, but a fresh-clone CI run once took over 2.7 s.
+NEW_TEMPLATE = 4.0
 SUPERVISOR_PEAK_MB = 100  # issue 9: the supervisor stays under this through the whole suite
 SECRETS = {"OPENAI_API_KEY": "sk-attack-0penai", "AWS_SECRET_ACCESS_KEY": "aws-attack-secret",
            "GITHUB_TOKEN": "ghp_attack_token"}
@@ -383,7 +386,7 @@ def kill_template(local: LocalExecutor) -> int:
     assert old, "the executor has no template"
     os.kill(old, signal.SIGKILL)
     wait_until("a new template", lambda: template_of(local.proc.pid) not in (0, old),  # type: ignore[union-attr]
-               timeout=TEMPLATE_ANSWER_TIMEOUT + GRACE)
+               timeout=TEMPLATE_ANSWER_TIMEOUT + NEW_TEMPLATE)
     return old
 
 
@@ -561,9 +564,9 @@ def test_a_stopped_template_is_replaced_and_calls_are_answered_within_a_bound(
     wire = Wire(executor.endpoint)
     try:
         for i in range(3):
-            r, took = timed(client, "echo", value=i)
+            r, took = timed(client, "echo", timeout=TEMPLATE_ANSWER_TIMEOUT + NEW_TEMPLATE, value=i)
             assert r.ok and r.value == i, r
-            assert took < TEMPLATE_ANSWER_TIMEOUT + GRACE, f"call {i} took {took:.1f} s"
+            assert took < TEMPLATE_ANSWER_TIMEOUT + NEW_TEMPLATE + GRACE, f"call {i} took {took:.1f} s"
             wire.ping(within=1.0)
     finally:
         wire.close()
@@ -646,9 +649,9 @@ def test_a_child_left_in_uninterruptible_sleep_does_not_wedge_the_executor(
     _, took = timed(client, "freeze_child", timeout=1.0, group=str(freezer))
     assert took < 1.0 + KILL_GRACE + GRACE, f"the call that left the child was answered after {took:.1f} s"
     for i in range(3):  # a call's limit long enough for a template replacement, short enough to fail fast
-        after, took = timed(client, "echo", timeout=TEMPLATE_ANSWER_TIMEOUT + 1, value=i)
+        after, took = timed(client, "echo", timeout=TEMPLATE_ANSWER_TIMEOUT + NEW_TEMPLATE, value=i)
         assert after.ok and after.value == i, after
-        assert took < TEMPLATE_ANSWER_TIMEOUT + GRACE, f"call {i} took {took:.1f} s"
+        assert took < TEMPLATE_ANSWER_TIMEOUT + NEW_TEMPLATE + GRACE, f"call {i} took {took:.1f} s"
     frozen = [int(pid) for pid in (freezer / "cgroup.procs").read_text().split()]
     assert frozen, "the premise: the child is still there, frozen"
     thaw(freezer)  # only now can it die; then nothing of the attack may be left
@@ -663,9 +666,9 @@ def test_a_template_that_cannot_be_killed_is_abandoned_and_replaced(
     frozen = client.call(Call(tool="freeze_template", kwargs={"group": str(freezer)}))
     assert frozen.ok, frozen.error
     for i in range(3):
-        after, took = timed(client, "echo", timeout=TEMPLATE_ANSWER_TIMEOUT + KILL_GRACE + 1, value=i)
+        after, took = timed(client, "echo", timeout=TEMPLATE_ANSWER_TIMEOUT + KILL_GRACE + NEW_TEMPLATE, value=i)
         assert after.ok and after.value == i, after
-        assert took < TEMPLATE_ANSWER_TIMEOUT + KILL_GRACE + GRACE, f"call {i} took {took:.1f} s"
+        assert took < TEMPLATE_ANSWER_TIMEOUT + KILL_GRACE + NEW_TEMPLATE + GRACE, f"call {i} took {took:.1f} s"
     wire = Wire(client.local.endpoint)  # type: ignore[attr-defined]
     try:
         wire.ping(within=1.0)
@@ -694,11 +697,11 @@ def test_a_worker_does_not_start_a_call_while_its_template_is_dying(
     (freezer / "cgroup.procs").write_text(str(template.pid))
     (freezer / "freezer.state").write_text("FROZEN")
     template.kill()  # pending until it is thawed
-    after, took = timed(client, "whoami", timeout=TEMPLATE_ANSWER_TIMEOUT + 2 * KILL_GRACE + 1)
+    after, took = timed(client, "whoami", timeout=TEMPLATE_ANSWER_TIMEOUT + 2 * KILL_GRACE + NEW_TEMPLATE)
     assert after.ok, after.error
     assert template_identity(after.value) != template_identity(first.value), \
         "the call ran in a worker of the dying template"
-    assert took < TEMPLATE_ANSWER_TIMEOUT + 2 * KILL_GRACE + GRACE, f"the call took {took:.1f} s"
+    assert took < TEMPLATE_ANSWER_TIMEOUT + 2 * KILL_GRACE + NEW_TEMPLATE + GRACE, f"the call took {took:.1f} s"
 
 
 def test_shutdown_with_a_worker_that_cannot_be_killed_ends_within_a_bound(
@@ -906,7 +909,7 @@ def test_writing_on_the_templates_channel_costs_only_the_template(
             wire.ping(within=1.0)
         finally:
             wire.close()
-        after = client.call(Call(tool="echo", args=["after"]), timeout=TEMPLATE_ANSWER_TIMEOUT + 1)
+        after = client.call(Call(tool="echo", args=["after"]), timeout=TEMPLATE_ANSWER_TIMEOUT + NEW_TEMPLATE)
         assert after.ok and after.value == "after", after
         peak = supervisor_peak_mb(local)
         assert peak < SUPERVISOR_PEAK_MB, f"the supervisor's RSS peaked at {peak:.0f} MB"
