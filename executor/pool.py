@@ -52,13 +52,18 @@ from executor.channel import (
 )
 from executor.worker import SHUTDOWN_WAIT, WorkerConfig, kill_children, reply_cap
 from protocol import ErrorInfo, Result, Signal, Stats, ToolSpec, WorkerInfo
-from protocol.timing import APPLY_GRACE  # hardened --workspace-rw: what a call that answered in time gets to apply
+from protocol.timing import (
+    APPLY_GRACE,  # hardened --workspace-rw: what a call that answered in time gets to apply
+    backoff,
+)
 
 log = logging.getLogger("ciayn-executor")
 
 TEMPLATE_START_TIMEOUT = 60.0  # importing tool modules may be slow (the bound is for the whole report)
 NAMESPACE_WAIT = 10.0  # a new template's first word (``Isolated``): setting a PID namespace up is quick
 ISOLATED_LIMIT = 64 * 1024  # ``Isolated`` or the namespace's failure: a few bytes
+RESTART_INITIAL = 0.5  # a replacement template that could not start: the next try this much later...
+RESTART_MAX = 30.0  # ...doubling up to this (the executor never gives up: calls queue within their bounds)
 TOOLS_LOADED_LIMIT = 16 * 1024 * 1024  # the tool specs (each spec's schema), far below the internal frame cap
 TEMPLATE_ANSWER_TIMEOUT = 3.0  # a spawn request unanswered this long: the template is stopped or wedged
 EXIT_STATUS_WAIT = 2.0  # after a worker's channel closes, how long to wait for its exit status
@@ -174,7 +179,8 @@ class WorkerPool:
         self.refill_first = 0.0  # when it first became due
         self.sweep_due = False  # reused workers: the template should kill its stray children soon
         self.swept_at = 0.0
-        self.failed = False  # no template could be made: the executor cannot go on
+        self.start_failures = 0  # replacement templates that could not start, since one last did
+        self.restart_at = 0.0  # when to try the next one
         self.stopping = False
         self.held = False  # the template is one forked ahead that waits for its Configure (``hold``)
         self.starting: _Starting | None = None  # a template is being started: no workers, calls wait
@@ -293,6 +299,7 @@ class WorkerPool:
         self.starting = None
         if self.template_restarts:
             log.info("the new template has loaded the tools")
+        self.start_failures = 0
 
     def _start_expired(self) -> None:
         starting = self.starting
@@ -433,6 +440,8 @@ class WorkerPool:
             wait = min(wait, self.swept_at + SWEEP_INTERVAL - now)
         if self.starting is not None:
             wait = min(wait, self.starting.deadline - now)
+        if self.restart_at:
+            wait = min(wait, self.restart_at - now)
         return wait
 
     def handle(self, events: dict[Any, int]) -> None:
@@ -522,6 +531,8 @@ class WorkerPool:
     def check_deadlines(self, now: float) -> None:
         if self.refill_at and now >= self.refill_at:
             self._refill()
+        if self.restart_at and now >= self.restart_at and not self.stopping:
+            self._restart()
         if self.starting is not None and now >= self.starting.deadline:
             try:
                 self._start_expired()
@@ -568,8 +579,20 @@ class WorkerPool:
     # ---------------------------------------------------------------- workers
 
     def _start_failed(self, e: StartupError) -> None:
-        log.error("cannot start a new template: %s; stopping", e)
-        self.failed = True
+        """A replacement template could not start: try again later, never stop for it (calls wait in
+        the queue meanwhile, within their timeouts and ``--max-queue-wait``)."""
+        wait = backoff(self.start_failures, RESTART_INITIAL, RESTART_MAX)
+        self.start_failures += 1
+        self.restart_at = time.monotonic() + wait
+        log.error("cannot start a new template (attempt %d): %s; trying again in %.1f s", self.start_failures, e,
+                  wait)
+
+    def _restart(self) -> None:
+        self.restart_at = 0.0
+        try:
+            self._begin_start()
+        except OSError as e:  # fork(): out of processes or memory
+            self._start_failed(StartupError(f"cannot fork a template: {e}"))
 
     def _on_template(self) -> None:
         assert self.template is not None

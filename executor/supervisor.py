@@ -109,7 +109,7 @@ class Supervisor:
         self.clients: ClientSide | None = None
         self.complaints = LogBudget(log, "protocol errors from clients")  # a flood of bad messages, a bounded log
         self.stopping = False
-        self.exit_code = 0  # 1 when it stops because it cannot go on (the template died)
+        self.exit_code = 0  # 1 when it stops because it cannot go on (its client side failed)
         self.stopped_by = ""  # the signal that asked it to stop
 
     # ---------------------------------------------------------------- start-up and shutdown
@@ -265,9 +265,6 @@ class Supervisor:
                 log.info("parent process %d exited; stopping", self.parent_pid)
                 return
             self.pool.handle(events)
-            if self.pool.failed:
-                self.stopping = True
-                self.exit_code = 1
             if sock in events:
                 self._on_clients()
             self.pool.check_deadlines(now)

@@ -41,6 +41,7 @@ from tests.pool import wait_until
 ROOT = TESTS.parent
 TOOLS = TESTS / "tools"
 GATE = str(TOOLS / "startup_gate.py")
+FLAKY = str(TOOLS / "startup_flaky.py")
 BROKEN = str(TOOLS / "startup_broken.py")
 SUICIDE = str(TOOLS / "startup_suicide.py")
 FORKER = str(TOOLS / "startup_forker.py")
@@ -332,6 +333,35 @@ def test_while_a_replacement_template_imports_the_tools_the_executor_answers_and
     ex.release()
     result = _collect([sock], lambda g: len(g[0]) >= 1, 20)[0][0]
     assert isinstance(result, Result) and result.id == "during" and result.ok and result.value == 2, result
+
+
+def test_a_replacement_template_that_cannot_start_is_tried_again_and_the_executor_stays_up(
+        tmp_path: Path, executors: list[Executor], ctx: zmq.Context[Any]) -> None:
+    """The template dies, and the next two templates cannot load the tools (the module fails at its
+    second and third import). The executor does not exit for it: it goes on answering pings, tries
+    again later (0.5 s, then 1 s), and the call that came meanwhile runs in the third replacement."""
+    (tmp_path / "ws-ex0").mkdir()
+    (tmp_path / "ws-ex0" / "fail-imports").write_text("2 3")
+    ex = _start(executors, tmp_path, [FLAKY])
+    sock = _dealer(ctx, ex.endpoint, b"flaky")
+    sock.send_multipart(encode(Call(id="before", tool="echo", kwargs={"x": 1})))
+    assert [r.value for r in _collect([sock], lambda g: len(g[0]) >= 1, 20)[0]] == [1]
+    imports = ex.workspace / "imports"
+    template = template_of(ex.proc.pid)
+    assert template, "no template under the supervisor"
+    os.kill(template, signal.SIGKILL)
+    sock.send_multipart(encode(Call(id="during", tool="echo", kwargs={"x": 2}, timeout=30)))
+    wait_until("the second import (the first that fails)", lambda: len(imports.read_text().split()) >= 2, 20)
+    sock.send_multipart(encode(Ping(nonce=7)))
+    got = _collect([sock], lambda g: any(isinstance(m, Pong) for m in g[0]), 5)[0]
+    assert ex.proc.poll() is None, ex.log()
+    got += _collect([sock], lambda g: any(isinstance(m, Result) for m in got + g[0]), 20)[0]
+    result = next(m for m in got if isinstance(m, Result))
+    assert result.id == "during" and result.ok and result.value == 2, result
+    assert len(imports.read_text().split()) == 4, imports.read_text()
+    log = ex.log()
+    assert "cannot start a new template (attempt 1)" in log and "(attempt 2)" in log, log
+    assert "import 2 told to fail" in log and "import 3 told to fail" in log, log
 
 
 def test_parent_death_while_the_tools_import_stops_the_executor_promptly(
