@@ -223,11 +223,15 @@ class WorkerPool:
     def _begin_start(self) -> None:
         """Take the held template, or fork a new interpreter (``executor.template``; forked from this
         process's memory, it would give its workers other clients' calls and results, our keys, and
-        ZeroMQ's threads), and wait for its first message (``_start_step``)."""
+        ZeroMQ's threads), and wait for its first message (``_start_step``). Raises ``StartupError``
+        when the fork fails."""
         if self.held and self.template is not None:
             self.held = False
         else:
-            self.template_pid, self.template = spawn.fork_template(fresh=True)
+            try:
+                self.template_pid, self.template = spawn.fork_template(fresh=True)
+            except OSError as e:  # fork(): out of processes or memory
+                raise StartupError(f"cannot fork the tool template: {e}") from None
         self.template_fd = self.template.fileno()
         self.starting = _Starting(self.template_pid, time.monotonic() + NAMESPACE_WAIT, NAMESPACE_WAIT,
                                   framing.Reader(self.template, ISOLATED_LIMIT, one=True))
@@ -407,7 +411,7 @@ class WorkerPool:
         self.template_restarts += 1
         # The new template is waited for by the loop (``_on_template``), which goes on answering
         # pings, status and the broker meanwhile; calls wait in the queue, within their bounds.
-        self._begin_start()
+        self._restart()
 
     # ---------------------------------------------------------------- the loop's view
 
@@ -588,11 +592,12 @@ class WorkerPool:
                   wait)
 
     def _restart(self) -> None:
+        """Start a replacement template (waited for by the loop); a fork that fails is tried again."""
         self.restart_at = 0.0
         try:
             self._begin_start()
-        except OSError as e:  # fork(): out of processes or memory
-            self._start_failed(StartupError(f"cannot fork a template: {e}"))
+        except StartupError as e:
+            self._start_failed(e)
 
     def _on_template(self) -> None:
         assert self.template is not None
