@@ -58,7 +58,8 @@ def _serve_once(ex: Executor, sock: zmq.Socket[bytes], x: int = 1) -> None:
 
 def _kill_template(ex: Executor) -> int:
     template = wait_until("the template", lambda: template_of(ex.proc.pid), 10)
-    os.kill(template, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):  # (gone already: the replacement is under way anyway)
+        os.kill(template, signal.SIGKILL)
     return int(template)
 
 
