@@ -181,6 +181,7 @@ class WorkerPool:
         self.swept_at = 0.0
         self.start_failures = 0  # replacement templates that could not start, since one last did
         self.restart_at = 0.0  # when to try the next one
+        self.made_worker = False  # the template has forked a worker since it loaded the tools
         self.stopping = False
         self.held = False  # the template is one forked ahead that waits for its Configure (``hold``)
         self.starting: _Starting | None = None  # a template is being started: no workers, calls wait
@@ -303,7 +304,7 @@ class WorkerPool:
         self.starting = None
         if self.template_restarts:
             log.info("the new template has loaded the tools")
-        self.start_failures = 0
+        self.made_worker = False
 
     def _start_expired(self) -> None:
         starting = self.starting
@@ -312,10 +313,12 @@ class WorkerPool:
         raise StartupError(f"the tool template was still {starting.doing} after {starting.within:g} s; it was killed")
 
     def _end_start(self) -> None:
-        """A start that failed or was stopped: its template is killed and its channel closed."""
+        """A start that failed or was stopped: its template is killed (with, where it had no PID
+        namespace to take them along, what its tool modules started), and its channel closed."""
         self.starting = None
-        self._kill_template()
+        self._kill_template(wait=REPLACE_WAIT)
         self._drop_channel()
+        kill_children(wait=REPLACE_WAIT)  # its orphans came to us (this process is a subreaper)
 
     def attach(self, poller: zmq.Poller) -> None:
         """Register with the supervisor's poller and start the workers."""
@@ -410,8 +413,14 @@ class WorkerPool:
         self._remove_groups()
         self.template_restarts += 1
         # The new template is waited for by the loop (``_on_template``), which goes on answering
-        # pings, status and the broker meanwhile; calls wait in the queue, within their bounds.
-        self._restart()
+        # pings, status and the broker meanwhile; calls wait in the queue, within their bounds. One
+        # that dies before it made a worker (a tool module that breaks every fork, say) counts
+        # as a start that failed: the next waits its backoff, not a loop of interpreters.
+        if not self.made_worker:
+            self._start_failed(StartupError(f"the last template {why} before it made a worker"))
+        else:
+            self.start_failures = 0
+            self._restart()
 
     # ---------------------------------------------------------------- the loop's view
 
@@ -630,6 +639,7 @@ class WorkerPool:
             self._refill(urgent=bool(self.queued()))
             return
         elif isinstance(msg, Spawned) and len(fds) >= 3:
+            self.made_worker = True
             wid = msg.worker
             self.spawning.pop(wid, None)
             if len(fds) >= 4:
