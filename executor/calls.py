@@ -57,6 +57,10 @@ class Job:
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
     outcome: Result | None = None  # decided by the supervisor (timeout, cancel, output cap)
+    asked_s: float = field(init=False)  # its timeout as asked; ``limits.timeout_s`` is what is left of it
+
+    def __post_init__(self) -> None:
+        self.asked_s = self.limits.timeout_s
 
     # what the queue (``executor.fairqueue``) sees of a call
     @property

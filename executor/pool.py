@@ -564,7 +564,9 @@ class WorkerPool:
             elif job is not None and not slot.killed and now >= job.deadline:
                 job.outcome = Result.failure(
                     job.call_id, "timeout",
-                    f"the tool ran past its {job.limits.timeout_s:g} s time limit and was killed")
+                    f"the tool ran past its {job.asked_s:g} s time limit and was killed"
+                    + (f" ({job.asked_s - job.limits.timeout_s:.2g} s of it spent waiting in the queue)"
+                       if job.asked_s - job.limits.timeout_s >= 0.01 else ""))
                 self._kill(slot, f"call {job.call_id} timed out")
             elif slot.killed and now >= slot.killed_at + KILL_GRACE:
                 # SIGKILL has not taken effect (uninterruptible sleep): answer now, do not wait.

@@ -371,7 +371,7 @@ def test_the_clients_timeout_applies_to_calls_that_give_none(make_client: Callab
         started = time.monotonic()
         result = short.call(Call(tool="sleep_forever"))
         assert result.error is not None and result.error.kind == "timeout", result
-        assert "1 s" in result.error.message  # the executor enforced the client's timeout
+        assert "its 1 s time limit" in result.error.message  # the executor enforced the client's timeout
         assert time.monotonic() - started < 5
 
 
@@ -390,6 +390,8 @@ def test_a_calls_timeout_counts_from_its_arrival_also_while_it_waits_in_the_queu
     assert results[0].ok, results[0]
     assert results[1].error is not None and results[1].error.kind == "timeout", results[1]
     assert results[1].limits is not None and results[1].limits.timeout_s < 1.0
+    message = results[1].error.message  # its own timeout, and how much of it the queue took
+    assert "its 2 s time limit" in message and "spent waiting in the queue" in message, message
     assert results[2].error is not None and results[2].error.kind == "unavailable", results[2]
     assert "queue" in results[2].error.message and "did not run" in results[2].error.message
     assert not any("no answer from the executor" in (r.error.message if r.error else "") for r in results)
