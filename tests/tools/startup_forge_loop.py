@@ -6,28 +6,18 @@ executor's workspace), and waits to be killed (bounded)."""
 from __future__ import annotations
 
 import os
-import socket
-import stat
+import sys
 import time
 
 from executor import framing, pidns, tool
 from executor.channel import LoadFailed
 
-
-def _channel() -> socket.socket:
-    for name in sorted(os.listdir("/proc/self/fd"), key=int):
-        fd = int(name)
-        try:
-            if fd > 2 and stat.S_ISSOCK(os.fstat(fd).st_mode):
-                return socket.socket(fileno=os.dup(fd))
-        except OSError:
-            continue
-    raise RuntimeError("startup_forge_loop: no channel found")
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # template_channel.py, beside this file
+from template_channel import channel
 
 with open("imports", "a") as _f:
     _f.write(f"{os.getpid()}\n")
-framing.send(_channel(), LoadFailed(message=pidns.FAILED + "forged again by a tool module").to_wire())
+framing.send(channel(), LoadFailed(message=pidns.FAILED + "forged again by a tool module").to_wire())
 _deadline = time.monotonic() + 30
 while time.monotonic() < _deadline:
     time.sleep(0.01)
