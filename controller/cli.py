@@ -400,9 +400,9 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def _print_result(result: Result) -> None:
-    from rich.console import Console
+    from controller.render import make_console
 
-    err = Console(stderr=True)
+    err = make_console(stderr=True)  # off a terminal: no hard wrap at 80 columns
     if result.stdout:
         err.print("[dim]stdout:[/dim]", _esc(result.stdout.rstrip()), highlight=False)
     if result.stderr:

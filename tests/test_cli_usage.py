@@ -58,8 +58,9 @@ class Ciayn:
     def __init__(self, argv: list[str], cwd: Path) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
         env.pop("OPENAI_API_KEY", None)
-        self.out_path = cwd / "ciayn.out"
-        self.err_path = cwd / "ciayn.err"
+        n = len(list(cwd.glob("ciayn*.out")))  # files of their own: a test may start several in turn
+        self.out_path = cwd / f"ciayn{n}.out"
+        self.err_path = cwd / f"ciayn{n}.err"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "controller.cli", *argv],
             cwd=cwd,
@@ -343,6 +344,19 @@ def test_output_off_a_terminal_has_timestamps_no_colour_codes_and_no_hard_wrap(
     events = [json.loads(line) for line in j.out.splitlines()]
     assert all(e["ts"].endswith("Z") and e["ts"][:4].isdigit() for e in events)
     assert [e["event"] for e in events if e["event"] in ("step", "finished")] == ["step", "step", "finished"]
+
+
+def test_ciayn_call_off_a_terminal_writes_long_lines_whole(ciayn: Callable[..., Ciayn], workspace: Path) -> None:
+    long_text = "w" * 150
+    base = ["--tools", CIAYN_TOOLS, "--workspace", str(workspace)]
+    told = ciayn("call", f"tell(text='{long_text}')", *base)  # stdout and stderr are files, not a terminal
+    assert told.wait(START_S) == 0, told.err
+    failed = ciayn("call", f"fail(message='{long_text}')", *base)
+    assert failed.wait(START_S) == 1, failed.err
+    assert told.out.splitlines() == ["told"]
+    assert any(f"signal note: {long_text}" in line for line in told.err.splitlines()), told.err
+    assert any(line.startswith("tool_error") and long_text in line for line in failed.err.splitlines()), failed.err
+    assert "\x1b[" not in told.err + failed.err
 
 
 def test_the_status_line_shows_the_step_what_is_in_flight_and_for_how_long() -> None:
