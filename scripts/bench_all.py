@@ -4,8 +4,9 @@ Usage: .venv/bin/python scripts/bench_all.py [--tiny] [--out DIR] [--only FIGURE
 (``scripts/bench`` sets up the venv and runs this.)
 
 Writes DIR/results.json (every figure, with the machine it ran on), DIR/*.png (charts) and
-DIR/results.md (tables and what each figure means); with the default DIR it also refreshes the
-README's "Measured" section between its bench markers. With ``--only``, the figures run replace
+DIR/results.md (tables and what each figure means); with the default DIR (bench-results/) it also
+refreshes the tables of bench-results/README.md between its bench markers (the project README only
+links there, so no run ever writes it). With ``--only``, the figures run replace
 theirs in DIR/results.json and the rest are kept (each figure records when and where it ran).
 ``--tiny`` runs every code path at a size that takes seconds (the test suite does this); its
 numbers mean nothing. Exits 1 if a benchmark broke (its figure then says ``failed`` and why).
@@ -102,15 +103,20 @@ def figure_makers(features: Features, sizes: Sizes, tmp: str, out: Path) -> dict
     }
 
 
+BENCH_RESULTS = (ROOT / "bench-results").resolve()
+
+
 def write_report(results: dict[str, Any], out: Path, readme: bool) -> None:
-    """Charts and results.md in ``out``; the README's Measured section too when ``readme`` and
-    ``out`` is the project's bench-results/."""
+    """Charts and results.md in ``out``; when ``readme`` and ``out`` is the project's bench-results/,
+    also the generated part of bench-results/README.md (the charts beside it, so the same text)."""
     bench_report.charts(results, out)
-    (out / "results.md").write_text(bench_report.markdown(results) + "\n")
-    if readme and out == (ROOT / "bench-results").resolve():
-        text = bench_report.markdown(results, images="bench-results/")
-        if bench_report.update_readme(ROOT / "README.md", text):
-            log("README.md: Measured section refreshed")
+    text = bench_report.markdown(results)
+    (out / "results.md").write_text(text + "\n")
+    if readme and out == BENCH_RESULTS:
+        if bench_report.update_readme(out / "README.md", text):
+            log("bench-results/README.md: measured tables refreshed")
+        else:
+            log(f"bench-results/README.md has no {bench_report.BEGIN} ... {bench_report.END} markers: left alone")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench-results", help="directory for the results")
     parser.add_argument("--only", action="append", choices=FIGURES, metavar="FIGURE",
                         help=f"run only this figure (repeatable): {', '.join(FIGURES)}")
-    parser.add_argument("--no-readme", action="store_true", help="do not refresh the README's Measured section")
+    parser.add_argument("--no-readme", action="store_true", help="do not refresh the tables in bench-results/README.md")
     parser.add_argument("--report-only", action="store_true",
-                        help="measure nothing: redraw the charts, the table and the README from DIR/results.json")
+                        help="measure nothing: redraw the charts, results.md and (for bench-results/) the tables "
+                        "of its README.md from DIR/results.json")
     args = parser.parse_args(argv)
     if args.report_only:
         saved = json.loads((args.out / "results.json").read_text())

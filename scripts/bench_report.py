@@ -1,7 +1,7 @@
 """Turn ``results.json`` into PNG charts (matplotlib: titles, units, labelled axes, the machine in a
 caption) and one markdown text (tables plus a sentence per figure on what it means), written to
-``bench-results/results.md`` and, between the README's ``<!-- bench:begin -->`` and
-``<!-- bench:end -->`` markers, into its "Measured" section."""
+``bench-results/results.md`` and, between the ``<!-- bench:begin -->`` and ``<!-- bench:end -->``
+markers, into ``bench-results/README.md`` (the project README only links to it)."""
 
 from __future__ import annotations
 
@@ -473,7 +473,8 @@ def _md_layers(f: dict[str, Any]) -> list[str]:
 
 
 def update_readme(readme: Path, text: str) -> bool:
-    """Replace what is between the markers; False (nothing written) when the markers are missing."""
+    """Replace what is between the markers of ``readme`` (bench-results/README.md); False (nothing
+    written) when the markers are missing."""
     content = readme.read_text()
     pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
     if not pattern.search(content):
