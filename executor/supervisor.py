@@ -376,7 +376,7 @@ class Supervisor:
         self.calls.remember(result.id, frames, job.waiters[0])
         status = "ok" if result.ok else f"{result.error.kind if result.error else '?'}"
         wall = f" {result.stats.wall_s * 1000:.1f}ms" if result.stats else ""
-        log.info("call %s %s: %s%s", job.call_id, job.call.tool, status, wall)
+        log.debug("call %s %s: %s%s", job.call_id, job.call.tool, status, wall)  # counts: status, metrics
         self.stats.observe(job.call.tool, result, result.stats.wall_s if result.stats else 0.0)
         for route in job.waiters:
             self._send(route, frames)

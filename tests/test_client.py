@@ -24,6 +24,7 @@ import pytest
 
 from controller import ExecutorClient, ExecutorStartError, ExecutorUnavailable, LocalExecutor
 from controller.client import DEADLINE_GRACE, SILENCE_BEFORE_RECONNECT, UNAVAILABLE_AFTER
+from executor.status import fetch
 from protocol import Call
 
 FAULTY = str(Path(__file__).parent / "tools" / "faulty.py")
@@ -56,9 +57,9 @@ def local_of(client: ExecutorClient) -> LocalExecutor:
     return local
 
 
-def call_lines(local: LocalExecutor) -> list[str]:
-    """The executor's log lines that record a finished call."""
-    return [line for line in local.log_path.read_text().splitlines() if " INFO call " in line]
+def served(client: ExecutorClient) -> dict[str, tuple[int, int]]:
+    """Calls the executor answered so far, by tool: (calls, errors), from its ``status`` report."""
+    return {t.name: (t.calls, t.errors) for t in fetch(client.endpoint).tools}
 
 
 @pytest.fixture
@@ -254,9 +255,8 @@ def test_the_client_recovers_when_the_executor_restarts_on_the_same_endpoint(
 
 def test_call_text_rejects_bad_text_without_sending_it(make_client: Callable[..., ExecutorClient]) -> None:
     client = make_client(tools=[FAULTY])
-    local = local_of(client)
     assert client.call(Call(tool="noop")).ok
-    before = len(call_lines(local))
+    before = served(client)
     for text, kind in [
         ("rm -rf /", "rejected"),
         ("__import__('os').system('true')", "rejected"),
@@ -269,8 +269,10 @@ def test_call_text_rejects_bad_text_without_sending_it(make_client: Callable[...
         assert r.error.message
     good = client.call_text("echo('fine')")
     assert good.ok and good.value == "fine"
-    new = call_lines(local)[before:]
-    assert len(new) == 1 and " echo: ok" in new[0], f"only the valid call may reach the executor: {new}"
+    after = served(client)
+    assert sum(c for c, _ in after.values()) == sum(c for c, _ in before.values()) + 1, (before, after)
+    assert after["echo"][0] == before.get("echo", (0, 0))[0] + 1 and after["echo"][1] == 0, \
+        f"only the valid call may reach the executor: {before} -> {after}"
 
 
 @pytest.mark.parametrize(

@@ -309,9 +309,9 @@ def _free_port() -> int:
 def test_no_call_id_or_tool_name_can_forge_a_log_line(
     make_client: Callable[..., ExecutorClient], dealer: Callable[..., zmq.Socket[bytes]]
 ) -> None:
-    client = make_client()
+    client = make_client(log_level="debug")  # every call is logged (at debug)
     sock = dealer(client.endpoint)
-    forged = "INFO call forged-id noop: ok"
+    forged = "DEBUG call forged-id noop: ok"
     for body in ({"id": f"x\nciayn-executor[1] {forged}", "tool": "noop"},
                  {"id": "dup-1", "tool": "noop"}, {"id": "dup-1", "tool": f"noop\nciayn-executor[1] {forged}"}):
         sock.send_multipart([VERSION, b"call", msgpack.packb(body)])
