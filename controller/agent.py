@@ -4,24 +4,29 @@
     for event in agent.stream("list the workspace"):   # the same step events, whatever the backend
         ...
 
-``model`` is a litellm model string, a ``ModelConfig``, or (mostly for tests and embedding) a ready
-model object: a CIAYN ``Model`` (``ScriptedModel``, ``LiteLLMModel``) or a LangChain chat model with
-tool calling. The backend is chosen by ``controller.backend.choose_backend`` for names and configs,
-and by the object's kind for ready models. LangChain and LangGraph are imported only when a ReAct
-agent is made.
+``model`` is a litellm model string, a ``ModelConfig``, ``"local"`` (the embedded model, started for
+the agent and driven exactly as ``ciayn run`` drives it: ``controller.local_model.LocalSettings``), a
+running ``LocalModelServer`` (the same settings, on a server the caller owns), or (mostly for tests
+and embedding) a ready model object: a CIAYN ``Model`` (``ScriptedModel``, ``LiteLLMModel``) or a
+LangChain chat model with tool calling. The backend is chosen by ``controller.backend.choose_backend``
+for names and configs, and by the object's kind for ready models. LangChain and LangGraph are
+imported only when a ReAct agent is made.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import TracebackType
 from typing import Any, Protocol
 
 from controller.allowlist import AllowedTools
 from controller.backend import Backend, BackendChoice, choose_backend
 from controller.ciayn import CiaynAgent
 from controller.events import Finished, Notice, StepEvent, final_event
+from controller.local_model import LOCAL_MODEL, LocalModelServer, LocalSettings
 from controller.models import Model, ModelConfig
 from controller.toolclient import ToolClient
 
@@ -41,11 +46,32 @@ class Agent:
     """An agent of either backend. ``stream(task)`` yields a ``Notice`` saying which backend runs and
     why, then the backend's step events (``ModelText``, ``ToolCallEvent``, ``ToolResultEvent``,
     ``Rejected``, ``Usage``, ``Notice``), and last a ``Finished``. ``stop()`` is thread-safe (the CLI
-    calls it on Ctrl-C). ``impl`` is the backend's own agent."""
+    calls it on Ctrl-C). ``impl`` is the backend's own agent. An agent that started something for
+    itself (``create_agent("local", ...)`` starts the model server) stops it on ``close()``, at the
+    end of a ``with`` block, when it is garbage-collected, or at the latest when the interpreter
+    exits."""
 
     def __init__(self, impl: BackendAgent, choice: BackendChoice) -> None:
         self.impl = impl
         self.choice = choice
+        self._closers: list[weakref.finalize[Any, Any]] = []
+
+    def own(self, stop: Callable[[], None]) -> None:
+        """Have ``close()`` call ``stop`` (once, in reverse order of ``own``)."""
+        self._closers.append(weakref.finalize(self, stop))
+
+    def close(self) -> None:
+        """Stop what the agent started for itself (idempotent)."""
+        while self._closers:
+            self._closers.pop()()
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
     @property
     def backend(self) -> Backend:
@@ -88,6 +114,21 @@ def _options_for(backend: Backend, options: Mapping[str, Any]) -> dict[str, Any]
     return {k: v for k, v in options.items() if k in mine}
 
 
+def _local_agent(model: Any, client: ToolClient, backend: str, config: dict[str, Any]) -> Agent:
+    """``create_agent`` for the embedded model: ``LocalSettings`` under the caller's ``config``."""
+    server = model if isinstance(model, LocalModelServer) else LocalModelServer().start()
+    try:
+        settings = {**LocalSettings().agent_settings(server, backend), **config}
+        agent = create_agent(settings.pop("model"), client, backend=backend, **settings)
+    except BaseException:
+        if server is not model:
+            server.stop()
+        raise
+    if server is not model:
+        agent.own(server.stop)
+    return agent
+
+
 def create_agent(
     model: str | ModelConfig | Model | Any,
     client: ToolClient,
@@ -104,9 +145,17 @@ def create_agent(
     (``backends``: a table of model patterns to backends; ``supports_function_calling``) and agent
     options (``max_steps``, ``max_cost``, ``call_timeout``, ``show_reasoning``, and each backend's
     own; an option only the other backend takes is ignored). ``allow_tools`` (names) offers the
-    agent only those tools of the executor, whatever the backend (``controller.allowlist``)."""
+    agent only those tools of the executor, whatever the backend (``controller.allowlist``).
+
+    ``create_agent("local", client)`` starts the embedded model (``LocalModelServer``; raises
+    ``ModelNotInstalled`` without ``scripts/setup-model``) and gives it the settings ``ciayn run``
+    does; ``config`` overrides any of them (``temperature=0.7``, ``max_tokens=64``). The agent stops
+    the server on ``close()`` (or as a context manager). A running ``LocalModelServer`` passed as
+    ``model`` gets the same settings and stays the caller's."""
     if backend not in ("auto", "react", "ciayn"):
         raise ValueError(f"backend must be 'auto', 'react' or 'ciayn', not {backend!r}")
+    if isinstance(model, LocalModelServer) or (isinstance(model, str) and model == LOCAL_MODEL):
+        return _local_agent(model, client, backend, config)
     choice_config = {k: config.pop(k) for k in _CHOICE_KEYS if k in config}
     allow_tools = config.pop("allow_tools", None)
     if allow_tools is not None:

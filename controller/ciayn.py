@@ -69,6 +69,12 @@ SMALL_MODEL_OPTIONS: Mapping[str, Any] = {"prompt_style": "compact", "few_shot":
 """The agent options for a small local model (``ciayn run --prompt compact``, the local default)."""
 
 
+def prompt_options(prompt: str) -> dict[str, Any]:
+    """The agent options of a ``--prompt`` style: ``SMALL_MODEL_OPTIONS`` for ``compact``, none
+    (the full prompt is the default) for ``full`` or ``auto``."""
+    return dict(SMALL_MODEL_OPTIONS) if prompt == "compact" else {}
+
+
 def build_grammar(specs: Sequence[ToolSpec]) -> str:
     """The GBNF grammar of valid replies, from ``controller.gbnf`` (raises ImportError without it)."""
     gbnf: Any = importlib.import_module("controller.gbnf")

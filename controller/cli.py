@@ -438,9 +438,6 @@ def _esc(text: str) -> str:
     return escape(text)
 
 
-LOCAL_MAX_TOKENS = 128  # a call of the built-in tools is far shorter; bounds a runaway reply (~1 s)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from controller.models import ModelConfig, check_endpoint, price_known
     from controller.render import Transcript
@@ -450,7 +447,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         model, api_base, grammar, backend = args.model, args.api_base, args.grammar, args.backend
         prompt, max_tokens = args.prompt, args.max_tokens
         if model == LOCAL_MODEL:
-            from controller.local_model import LocalModelServer, ModelNotInstalled, ModelServerError
+            from controller.local_model import LocalModelServer, LocalSettings, ModelNotInstalled, ModelServerError
 
             transcript.notice("starting the embedded model (SmolLM2-135M-Instruct) on 127.0.0.1 ...")
             server_holder = LocalModelServer()
@@ -460,11 +457,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 server = stack.enter_context(server_holder)
             except (ModelNotInstalled, ModelServerError) as e:
                 raise UserError(str(e)) from None
-            model = server.react_model if backend == "react" else server.ciayn_model
-            api_base = server.api_base
-            grammar = "on" if grammar == "auto" else grammar
-            prompt = "compact" if prompt == "auto" else prompt
-            max_tokens = LOCAL_MAX_TOKENS if max_tokens is None else max_tokens
+            local = LocalSettings.from_options(grammar, prompt, max_tokens)  # what create_agent("local") uses
+            model, api_base = local.agent_settings(server, backend)["model"], server.api_base
+            grammar, prompt, max_tokens = "on" if local.grammar else "off", local.prompt, local.max_tokens
         else:
             # Before the executor starts: a wrong URL, a server that is down or a missing key is
             # reported in one paragraph now, not after retries in the first step.
@@ -536,11 +531,9 @@ def _make_agent(settings: ModelSettings, backend: str, args: argparse.Namespace,
         extras={"seed": args.seed} if args.seed is not None else {},
         **({"temperature": args.temperature} if args.temperature is not None else {}),
     )
-    options: dict[str, Any] = {}
-    if settings.prompt == "compact":  # options of the CIAYN backend only; ReAct ignores them
-        from controller.ciayn import SMALL_MODEL_OPTIONS
+    from controller.ciayn import prompt_options
 
-        options.update(SMALL_MODEL_OPTIONS)
+    options: dict[str, Any] = prompt_options(settings.prompt)  # CIAYN's; ReAct ignores them
     if settings.allow_tools is not None:
         options["allow_tools"] = settings.allow_tools
     return create_agent(config, client, backend=backend, max_steps=args.max_steps, max_cost=args.max_cost,

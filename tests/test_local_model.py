@@ -24,7 +24,7 @@ import pytest
 
 from controller import local_model
 from controller.gbnf import call_grammar
-from controller.local_model import LocalModelServer, ModelNotInstalled, ModelServerError, find_gguf
+from controller.local_model import LocalModelServer, ModelNotInstalled, ModelServerError, find_gguf, free_port
 from protocol.grammar import parse_call
 from protocol.spec import ToolSpec
 
@@ -207,3 +207,35 @@ def test_a_server_that_cannot_start_reports_its_output(tmp_path: Path) -> None:
     with pytest.raises(ModelServerError, match="exited") as e:
         LocalModelServer(gguf=broken, ready_timeout=30).start()
     assert "broken.gguf" in str(e.value)
+
+
+def test_create_agent_local_without_the_model_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, make_client: Any, workspace: Path
+) -> None:
+    from controller import create_agent
+
+    client = make_client(tools=["executor.toolkits.builtin"], workspace=workspace)
+    monkeypatch.setattr(local_model.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ModelNotInstalled, match="scripts/setup-model"):
+        create_agent("local", client)
+
+
+def test_a_server_passed_to_create_agent_gets_the_local_settings_and_stays_running(
+    make_client: Any, workspace: Path
+) -> None:
+    from controller import create_agent
+    from controller.ciayn import SMALL_MODEL_OPTIONS
+    from controller.models import ModelConfig
+
+    client = make_client(tools=["executor.toolkits.builtin"], workspace=workspace)
+    server = LocalModelServer(port=free_port())  # never started: only its address is used here
+    agent = create_agent(server, client, temperature=0.7)
+    config = agent.impl.model.config  # type: ignore[attr-defined]
+    assert config == ModelConfig(
+        model="openai/smollm2", api_base=server.api_base, use_grammar=True, max_tokens=128, temperature=0.7
+    )
+    assert {k: getattr(agent.impl, k) for k in SMALL_MODEL_OPTIONS} == dict(SMALL_MODEL_OPTIONS)
+    assert agent.impl.grammar is True  # type: ignore[attr-defined]
+    react = create_agent(server, client, backend="react")
+    assert react.backend == "react" and react.impl.model_name == "openai/smollm2-tools"  # type: ignore[attr-defined]
+    agent.close()  # nothing of the caller's is stopped
