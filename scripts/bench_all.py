@@ -45,16 +45,18 @@ import bench_memory  # noqa: E402
 import bench_pool  # noqa: E402
 import bench_report  # noqa: E402
 import bench_roundtrip  # noqa: E402
+import bench_weight  # noqa: E402
 from bench_features import Features  # noqa: E402
 from bench_record import FAILED, failed, log, machine, measured, not_built  # noqa: E402
 from bench_sizes import FULL, TINY, Sizes  # noqa: E402
 
 FIGURES = ("ciayn_overhead", "round_trip", "fresh_workers", "call_path", "call_path_cuts", "recovery",
-           "timeout_precision", "pool_scaling", "memory", "hardened_layers", "broker_pool")
+           "timeout_precision", "pool_scaling", "memory", "hardened_layers", "broker_pool", "weight")
 
 
 BROKER_TITLE = "Broker overhead and scaling (scripts/bench_broker.py --quick)"
 FRESH_TITLE = "What a fresh worker per call costs (scripts/bench_fresh.py)"
+WEIGHT_TITLE = "A fresh worker per call against the template's fork floor (scripts/bench_weight.py)"
 
 
 def fresh_workers(tiny: bool) -> dict[str, Any]:
@@ -66,6 +68,15 @@ def fresh_workers(tiny: bool) -> dict[str, Any]:
     targets = {"fresh_vs_reuse_workers_p50, calls 20 ms apart (issue 9)": t["fresh_vs_reuse_low_load_p50"],
                "fresh_workers_calls_per_s, sustained (issue 9)": t["fresh_throughput"]}
     return measured(title=FRESH_TITLE, targets=targets, **{k: v for k, v in data.items() if k != "machine"})
+
+
+def weight(tiny: bool) -> dict[str, Any]:
+    """Issue 21's figures: a fresh call's CPU and latency against the template's own fork+exit+wait,
+    --reuse-workers, the ZeroMQ echo and a Jupyter kernel, interleaved."""
+    log("weight: scripts/bench_weight.py")
+    data = bench_weight.run(size=(1, 3, 20) if tiny else None)
+    targets = {f"{name} (issue 21)": t for name, t in data.pop("targets").items()}
+    return measured(title=WEIGHT_TITLE, targets=targets, **{k: v for k, v in data.items() if k != "machine"})
 
 
 def broker_pool(features: Features, tmp: str, tiny: bool) -> dict[str, Any]:
@@ -100,6 +111,7 @@ def figure_makers(features: Features, sizes: Sizes, tmp: str, out: Path) -> dict
         "memory": lambda: bench_memory.run(sizes.memory_calls),
         "hardened_layers": lambda: bench_layers.run(features, sizes, tiny=sizes is TINY),
         "broker_pool": lambda: broker_pool(features, tmp, sizes is TINY),
+        "weight": lambda: weight(sizes is TINY),
     }
 
 

@@ -59,6 +59,7 @@ def charts(results: dict[str, Any], out: Path) -> list[str]:
         "pool_scaling": _chart_pool,
         "ciayn_overhead": _chart_ciayn,
         "memory": _chart_memory,
+        "weight": _chart_weight,
     }
     written = []
     for key, draw in drawers.items():
@@ -153,6 +154,28 @@ def _chart_fresh(fig: Any, data: dict[str, Any]) -> None:
     ax.set_xticks(range(len(modes)), [label for _, label, _ in modes])
     ax.set_ylabel("calls per second")
     ax.set_title("Sustained no-op calls (100 in flight, --workers 2)")
+    ax.legend(fontsize=8)
+
+
+def _chart_weight(fig: Any, data: dict[str, Any]) -> None:
+    p50, cpu, floor = data["p50_us"], data["cpu_per_call_us"], data["fork_floor"]
+    ax = fig.add_subplot(1, 2, 1)
+    names = [k for k in ("zmq_echo", "fork_floor", "reuse_back_to_back", "reuse_paced", "fresh_paced",
+                         "fresh_back_to_back", "jupyter_execute") if k in p50]
+    bars = ax.barh(range(len(names)), [p50[k] / 1000 for k in names], color="tab:blue")
+    ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    ax.set_yticks(range(len(names)), [k.replace("_", " ") for k in names], fontsize=8)
+    ax.set_xlabel("p50, milliseconds")
+    ax.set_title("No-op call latency against the floors")
+    ax = fig.add_subplot(1, 2, 2)
+    labels = ("template fork+exit+wait", "fresh call", "--reuse-workers call")
+    values = [floor["cpu_us"] / 1000, cpu["fresh"] / 1000, cpu["reuse_workers"] / 1000]
+    bars = ax.bar(range(3), values, color=["0.5", "tab:orange", "tab:blue"])
+    ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    ax.axhline(2 * floor["cpu_us"] / 1000, color="black", linestyle="--", label="target: 2x the fork floor")
+    ax.set_xticks(range(3), labels, fontsize=8)
+    ax.set_ylabel("CPU per call, all processes, milliseconds")
+    ax.set_title("CPU per no-op call")
     ax.legend(fontsize=8)
 
 
@@ -258,7 +281,7 @@ def markdown(results: dict[str, Any], images: str = "") -> str:
                         ("recovery", _md_recovery),
                         ("call_path_cuts", _md_cuts), ("timeout_precision", _md_timeouts), ("pool_scaling", _md_pool),
                         ("ciayn_overhead", _md_ciayn), ("memory", _md_memory), ("hardened_layers", _md_layers),
-                        ("broker_pool", _md_broker)):
+                        ("broker_pool", _md_broker), ("weight", _md_weight)):
         fig = figs.get(key, {})
         if fig.get("status") != MEASURED:
             lines += [f"**{fig.get('title', key)}**: {fig.get('status', 'missing')}: {fig.get('reason', '')}", ""]
@@ -312,6 +335,27 @@ def _md_fresh(f: dict[str, Any]) -> list[str]:
                 "exit: several ms of CPU on this machine, which caps the calls per second.")
     return [f"**{f['title']}** ({f['samples_per_mode']} calls per mode, interleaved rounds; machine load "
             f"{f['machine']['load_avg_1m']})", "", *rows, "", sentence, ""]
+
+
+def _md_weight(f: dict[str, Any]) -> list[str]:
+    p50, cpu, floor = f["p50_us"], f["cpu_per_call_us"], f["fork_floor"]
+    rows = ["| no-op call, --workers 2 | p50 | CPU per call, all processes |", "|---|---|---|",
+            f"| template fork+exit+wait (floor) | {_fmt_us(p50['fork_floor'])} | {_fmt_us(floor['cpu_us'])} |",
+            f"| fresh worker, back to back (default) | {_fmt_us(p50['fresh_back_to_back'])} | "
+            f"{_fmt_us(cpu['fresh'])} |",
+            f"| fresh worker, calls 20 ms apart | {_fmt_us(p50['fresh_paced'])} | |",
+            f"| --reuse-workers, back to back | {_fmt_us(p50['reuse_back_to_back'])} | "
+            f"{_fmt_us(cpu['reuse_workers'])} |",
+            f"| --reuse-workers, calls 20 ms apart | {_fmt_us(p50['reuse_paced'])} | |",
+            f"| bare ZeroMQ echo | {_fmt_us(p50['zmq_echo'])} | |"]
+    if "jupyter_execute" in p50:
+        rows.append(f"| Jupyter kernel execute | {_fmt_us(p50['jupyter_execute'])} | |")
+    sentence = (f"**What it means:** a fresh call costs {cpu['fresh'] / floor['cpu_us']:.1f}x the CPU of the "
+                f"template's own fork+exit+wait ({f['fresh_calls_per_s']:.0f} fresh calls/s sustained); the "
+                f"template holds {f['template_private_mb']} MB of private memory (the floor's process "
+                f"{floor['private_mb']} MB). The per-process split is in results.json.")
+    return [f"**{f['title']}** ({f['samples']['rounds']} interleaved rounds of {f['samples']['per_round']} calls "
+            "per mode)", "", *rows, "", sentence, ""]
 
 
 def _md_call_path(f: dict[str, Any]) -> list[str]:

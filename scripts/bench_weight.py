@@ -1,0 +1,205 @@
+"""What a fresh worker per call weighs against the physical cost of a fork (issue 21), in one run.
+
+    .venv/bin/python scripts/bench_weight.py [--quick] [--python PY]   writes bench-results/weight.json
+
+Side by side, in interleaved rounds on the same machine:
+
+- **the fork floor of the template**: a process that imported what the template imports (the
+  executor's worker side and the tool module) forking children that exit at once
+  (scripts/bench_forkfloor.py): wall time and CPU (both processes) per fork+exit+wait;
+- a no-op call to a fresh-worker executor (the default) and to a ``--reuse-workers`` one, back to
+  back and 20 ms apart (as an agent's calls come), and the CPU each call costs in all processes
+  together (this client, the supervisor, the template, the workers: scheduler counters);
+- the floor of the wire: a bare pyzmq DEALER/ROUTER msgpack echo;
+- a Jupyter kernel executing the same no-op (where ipykernel is installed);
+- sustained fresh calls/s with 100 in flight on 2 workers; the template's own private memory.
+
+The targets are ratios of figures from this one run (issue 21). ``run()`` is what scripts/bench
+calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SCRIPTS = Path(__file__).resolve().parent
+ROOT = SCRIPTS.parent
+for path in (str(ROOT), str(SCRIPTS)):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+from bench_callpath import CpuMeter  # noqa: E402
+from bench_contestants import ClientCalls, JupyterKernel, ZmqEcho  # noqa: E402
+from bench_executors import BENCH_TOOLS, direct  # noqa: E402
+from bench_forkfloor import private_kb  # noqa: E402
+from bench_fresh import _throughput  # noqa: E402
+
+PAUSE_S = 0.02  # between calls "at agent pacing"
+
+
+class ForkFloor:
+    """scripts/bench_forkfloor.py as a peer: ``block(n)`` gives n cycles' walls and their CPU."""
+
+    name = "template fork+exit+wait (floor)"
+
+    def __init__(self, python: str = sys.executable) -> None:
+        self.proc = subprocess.Popen([python, str(SCRIPTS / "bench_forkfloor.py"), BENCH_TOOLS], text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the fork-floor peer did not start")
+        self.cpu_s = 0.0
+        self.cycles = 0
+        self.private_kb = 0
+        self.bare_fork = False
+        self.block(20)
+        self.cpu_s, self.cycles = 0.0, 0
+
+    def block(self, n: int) -> list[float]:
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        self.proc.stdin.write(f"{n}\n")
+        self.proc.stdin.flush()
+        answer = json.loads(self.proc.stdout.readline())
+        self.cpu_s += answer["cpu_s"]
+        self.cycles += n
+        self.private_kb, self.bare_fork = answer["private_kb"], answer["bare_fork"]
+        return list(answer["wall_s"])
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+class Paced:
+    """Calls ``PAUSE_S`` apart (the pause not timed)."""
+
+    def __init__(self, inner: ClientCalls) -> None:
+        self.inner = inner
+
+    def block(self, n: int) -> list[float]:
+        out: list[float] = []
+        for _ in range(n):
+            time.sleep(PAUSE_S)
+            out += self.inner.block(1)
+        return out
+
+
+def _template_pid(supervisor: int) -> int:
+    import psutil
+
+    for child in psutil.Process(supervisor).children():
+        if child.children():  # the template: its children are the workers forked ahead
+            return child.pid
+    return 0
+
+
+def _target(value: float, **bound: float) -> dict[str, Any]:
+    (kind, limit), = bound.items()
+    met = value <= limit if kind == "at_most" else value >= limit
+    return {"value": round(value, 3), kind: limit, "met": met}
+
+
+def run(quick: bool = False, python: str = sys.executable, size: tuple[int, int, int] | None = None) -> dict[str, Any]:
+    """``size``: (interleaved rounds, calls per round and mode, calls for the throughput)."""
+    rounds, per_round, total = size or ((2, 20, 200) if quick else (8, 60, 2000))
+    samples: dict[str, list[float]] = {}
+    cpu_us: dict[str, float] = {}
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="ciayn-weight-"))
+        fresh = stack.enter_context(direct(2, log_level="warning"))
+        reuse = stack.enter_context(direct(2, extra=["--reuse-workers"], log_level="warning"))
+        floor = ForkFloor(python)
+        stack.callback(floor.close)
+        echo = ZmqEcho(tmp)
+        stack.callback(echo.close)
+        jupyter = None
+        with contextlib.suppress(ImportError):
+            jupyter = JupyterKernel()
+            stack.callback(jupyter.close)
+        fresh_calls, reuse_calls = ClientCalls(fresh.client, "fresh"), ClientCalls(reuse.client, "reuse")
+        meters = {"fresh": CpuMeter(fresh), "reuse_workers": CpuMeter(reuse)}
+        blocks: dict[str, Any] = {
+            "fork_floor": floor, "zmq_echo": echo,
+            "fresh_back_to_back": fresh_calls, "reuse_back_to_back": reuse_calls,
+            "fresh_paced": Paced(fresh_calls), "reuse_paced": Paced(reuse_calls),
+        }
+        if jupyter is not None:
+            blocks["jupyter_execute"] = jupyter
+        metered = {"fresh_back_to_back": meters["fresh"], "reuse_back_to_back": meters["reuse_workers"]}
+        for _ in range(rounds):
+            for name, block in blocks.items():
+                meter = metered.get(name)
+                if meter is not None:
+                    before = meter.snapshot(before=True)
+                    samples.setdefault(name, []).extend(block.block(per_round))
+                    time.sleep(0.3)  # fresh workers that answered are killed once the executor is quiet
+                    meter.add(before, meter.snapshot(before=False), per_round)
+                else:
+                    samples.setdefault(name, []).extend(block.block(per_round if name != "jupyter_execute"
+                                                                    else max(5, per_round // 4)))
+        for mode, meter in meters.items():
+            cpu_us[mode] = round(sum(c["cpu_us"] for c in meter.per_call().values()), 1)
+            cpu_us[f"{mode}_by_process"] = meter.per_call()  # type: ignore[assignment]
+        template = _template_pid(fresh.roots[0])
+        template_private_mb = round(private_kb(template) / 1024, 1) if template else None
+        calls_per_s = _throughput(fresh.client, total)
+    p50 = {name: round(statistics.median(values) * 1e6, 1) for name, values in samples.items()}
+    floor_cpu_us = round(floor.cpu_s / max(1, floor.cycles) * 1e6, 1)
+    cores = os.cpu_count() or 1
+    targets = {
+        "CPU per fresh call / template fork+exit+wait CPU": _target(cpu_us["fresh"] / floor_cpu_us, at_most=2.0),
+        "fresh p50 / reuse p50, calls 20 ms apart": _target(p50["fresh_paced"] / p50["reuse_paced"], at_most=1.2),
+        "fresh p50 back to back / (reuse p50 + one template fork)":
+            _target(p50["fresh_back_to_back"] / (p50["reuse_back_to_back"] + p50["fork_floor"]), at_most=1.0),
+        "reuse p50 back to back / bare ZeroMQ echo": _target(p50["reuse_back_to_back"] / p50["zmq_echo"], at_most=4.0),
+        "sustained fresh calls/s / (cores / fork CPU)": _target(calls_per_s / (cores / (floor_cpu_us / 1e6)),
+                                                                at_least=0.7),
+    }
+    if "jupyter_execute" in p50:
+        targets["Jupyter execute p50 / fresh p50 back to back"] = _target(
+            p50["jupyter_execute"] / p50["fresh_back_to_back"], at_least=3.0)
+    return {
+        "machine": {"cores": cores, "python": subprocess.run([python, "-c", "import platform; print("
+                                                              "platform.python_version())"], capture_output=True,
+                                                             text=True, check=True).stdout.strip(),
+                    "load_1min": round(os.getloadavg()[0], 2)},
+        "p50_us": p50,
+        "cpu_per_call_us": cpu_us,
+        "fork_floor": {"cpu_us": floor_cpu_us, "p50_us": p50["fork_floor"], "bare_fork": floor.bare_fork,
+                       "private_mb": round(floor.private_kb / 1024, 1)},
+        "template_private_mb": template_private_mb,
+        "fresh_calls_per_s": calls_per_s,
+        "samples": {"rounds": rounds, "per_round": per_round, "throughput_calls": total},
+        "targets": targets,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a smaller run (seconds; figures noisier)")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter of the fork-floor peer (to compare CPython releases' fork cost)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "weight.json")
+    args = parser.parse_args(argv)
+    data = run(args.quick, args.python)
+    args.out.write_text(json.dumps(data, indent=2) + "\n")
+    for name, t in data["targets"].items():
+        print(f"{'met ' if t['met'] else 'MISS'} {name}: {t['value']}")
+    print(json.dumps({k: data[k] for k in ("p50_us", "fork_floor", "template_private_mb", "fresh_calls_per_s")},
+                     indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
