@@ -1,0 +1,98 @@
+"""Before and after, side by side: the executor of another checkout against this one's, in one run.
+
+    git worktree add /tmp/before HEAD~1
+    .venv/bin/python scripts/bench_ab.py /tmp/before [--reuse-workers] [--rounds N] [--calls N]
+
+Starts one executor from each tree (``PYTHONPATH`` names the tree; run it from any directory but
+the trees) with the same flags, then times no-op calls in interleaved rounds, back to back and
+20 ms apart, with the CPU each call costs in all processes (client, supervisor, template,
+workers; ``bench_callpath.CpuMeter``). Prints one table of p50s and CPU, with after/before
+ratios. For a change to the call path, quote these ratios in the commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent
+ROOT = SCRIPTS.parent
+for path in (str(ROOT), str(SCRIPTS)):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+from bench_callpath import CpuMeter  # noqa: E402
+from bench_contestants import ClientCalls  # noqa: E402
+from bench_executors import Running, direct  # noqa: E402
+from bench_weight import Paced  # noqa: E402
+
+
+@contextlib.contextmanager
+def _tree(tree: Path) -> object:
+    """The executor started inside imports its packages from ``tree``."""
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tree)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def _cpu_block(meter: CpuMeter, calls: ClientCalls, n: int) -> list[float]:
+    before = meter.snapshot(before=True)
+    times = calls.block(n)
+    time.sleep(0.3)  # fresh workers that answered are killed once the executor is quiet
+    meter.add(before, meter.snapshot(before=False), n)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("before", type=Path, help="the other checkout (the code before the change)")
+    parser.add_argument("--reuse-workers", action="store_true", help="both executors with --reuse-workers")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--calls", type=int, default=60, help="calls per round and mode")
+    args = parser.parse_args(argv)
+    if Path.cwd().resolve() in (ROOT, args.before.resolve()):
+        parser.error("run it from another directory (python -m puts the current one first on sys.path)")
+    extra = ["--reuse-workers"] if args.reuse_workers else []
+    trees = {"before": args.before.resolve(), "after": ROOT}
+    with contextlib.ExitStack() as stack:
+        running: dict[str, Running] = {}
+        for name, tree in trees.items():
+            with _tree(tree):
+                running[name] = stack.enter_context(direct(args.workers, extra=extra, log_level="warning"))
+        calls = {name: ClientCalls(r.client, name) for name, r in running.items()}
+        meters = {name: CpuMeter(r) for name, r in running.items()}
+        b2b: dict[str, list[float]] = {name: [] for name in trees}
+        paced: dict[str, list[float]] = {name: [] for name in trees}
+        for _ in range(args.rounds):
+            for name in trees:
+                b2b[name] += _cpu_block(meters[name], calls[name], args.calls)
+                paced[name] += Paced(calls[name]).block(args.calls // 2)
+    rows = {}
+    for name in trees:
+        cpu = meters[name].per_call()
+        rows[name] = (statistics.median(b2b[name]) * 1e6, statistics.median(paced[name]) * 1e6,
+                      sum(c["cpu_us"] for c in cpu.values()), cpu)
+    print(f"{'':8} {'p50 back to back':>18} {'p50 20 ms apart':>16} {'CPU per call':>13}")
+    for name, (a, b, c, _) in rows.items():
+        print(f"{name:8} {a:16.0f}us {b:14.0f}us {c:11.0f}us")
+    before, after = rows["before"], rows["after"]
+    print(f"{'after/before':8} {after[0] / before[0]:17.3f} {after[1] / before[1]:15.3f} {after[2] / before[2]:12.3f}")
+    for name, (*_, cpu) in rows.items():
+        print(f"{name}: " + ", ".join(f"{k} {v['cpu_us']:.0f}" for k, v in cpu.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
