@@ -15,9 +15,12 @@ What it keeps from RA.Aid's CiaynAgent and what it fixes (see notes/raaid-behavi
 - a bundle runs in order and every call gets its own labelled result;
 - executor faults reach the model in plain words and the run goes on; an unavailable executor ends it;
 - history is trimmed by count and tokens without ever dropping the instructions or the task;
-- a reply that repeats the previous reply's calls and gets the same results is told so, plainly
-  (any tool, not just ``no_repeat`` ones: small models otherwise loop on one call forever); when the
-  grammar is built from the tool specs, the next reply's grammar also leaves those tools out, once.
+- progress is watched over the whole run, not only the last step (``controller.progress``): a call
+  that gets a result it already got in this run is told so, with a next call made from what the
+  run has seen but not looked at (files a listing returned that no call has read, say); when the
+  grammar is built from the tool specs, calls that failed and calls repeated in a stall are left
+  out of it; and ``max_stalled_steps`` steps in a row without a new result end the run early,
+  saying why, instead of spending the rest of the step limit going round in circles.
 
 For small models: ``prompt_style="compact"`` sends short instructions, ``few_shot=True`` adds
 example turns generated from the offered tools (``prompts.example_turns``), a grammar makes every
@@ -54,6 +57,7 @@ from controller.models import (
     estimate_tokens,
     split_content,
 )
+from controller.progress import DEFAULT_MAX_STALLED_STEPS, Progress, StepProgress, without_calls
 from controller.run import Abandoned, RunSkeleton
 from controller.seen import SeenValues
 from controller.toolclient import ToolClient
@@ -97,7 +101,9 @@ class CiaynAgent(StreamingAgent):
     ``full`` (every rule and docstring) or ``compact`` (short, for small models); ``few_shot`` puts
     example turns (task, calls, results, completion) between the instructions and the task;
     ``constrain_values`` (with ``grammar=True``) narrows path, text and completion arguments to the
-    values the run has seen (``controller.seen``)."""
+    values the run has seen (``controller.seen``). ``max_stalled_steps`` (None: never) ends the run,
+    ``stopped``, after that many steps in a row whose calls all got results the run had already seen
+    (``controller.progress``)."""
 
     def __init__(
         self,
@@ -120,9 +126,10 @@ class CiaynAgent(StreamingAgent):
         prompt_style: PromptStyle = "full",
         few_shot: bool = False,
         constrain_values: bool = False,
+        max_stalled_steps: int | None = DEFAULT_MAX_STALLED_STEPS,
     ) -> None:
-        if max_steps < 1 or max_invalid < 1 or max_empty < 1:
-            raise ValueError("max_steps, max_invalid and max_empty must each be at least 1")
+        if min(max_steps, max_invalid, max_empty, 1 if max_stalled_steps is None else max_stalled_steps) < 1:
+            raise ValueError("max_steps, max_invalid, max_empty and max_stalled_steps must each be at least 1")
         if system_role not in ("user", "system"):
             raise ValueError(f"system_role must be 'user' or 'system', not {system_role!r}")
         if prompt_style not in ("full", "compact"):
@@ -145,6 +152,7 @@ class CiaynAgent(StreamingAgent):
         self.prompt_style = prompt_style
         self.few_shot = few_shot
         self.constrain_values = constrain_values
+        self.max_stalled_steps = max_stalled_steps
         super().__init__()
 
     @classmethod
@@ -186,11 +194,11 @@ class _Run(RunSkeleton):
     agent: CiaynAgent
     history: list[Message] = field(default_factory=list)
     grammar: str | None = None  # of the offered tools
-    step_grammar: str | None = None  # of this step's request: ``grammar``, or one without ``avoid``
-    avoid: frozenset[str] = frozenset()  # tools the next reply may not call (it just looped on them)
-    narrowed: dict[tuple[frozenset[str], int], str | None] = field(default_factory=dict)
+    step_grammar: str | None = None  # of this step's request: ``grammar``, or a narrower one
+    only_finish: bool = False  # the next reply may only finish (it has the answer and goes round in circles)
+    narrowed: dict[tuple[Any, ...], str | None] = field(default_factory=dict)
     seen: SeenValues | None = None  # values the run has seen, when the grammar is narrowed to them
-    last_step: list[tuple[str, str]] = field(default_factory=list)  # the last step's calls and outcomes
+    progress: Progress | None = None
     invalid: int = 0
     empty: int = 0
     trim_noticed: bool = False
@@ -207,6 +215,7 @@ class _Run(RunSkeleton):
         yield from self._resolve_grammar()
         if a.constrain_values and a.grammar is True and isinstance(self.task, str):
             self.seen = SeenValues.from_task(self.task)
+        self.progress = progress = Progress(self.tools)
         initial = self._initial_messages()
         count_tokens = getattr(a.model, "count_tokens", None) or estimate_tokens
         token_limit = a.max_history_tokens
@@ -231,7 +240,7 @@ class _Run(RunSkeleton):
             if dropped and not self.trim_noticed:
                 self.trim_noticed = True
                 yield Notice(f"History trimmed to fit the limits: {dropped} older messages left out.")
-            self.step_grammar, self.avoid = self._grammar_without(self.avoid), frozenset()
+            self.step_grammar, self.only_finish = self._step_grammar(), False
             request = _merge_roles(messages)
             try:
                 request_fn = functools.partial(a.model.complete, request, grammar=self.step_grammar)
@@ -285,12 +294,16 @@ class _Run(RunSkeleton):
                 yield outcome
                 return
             text = prompts.feedback(outcome)
-            if self._repeats_last_step(outcome):
-                self.avoid = self._avoidable({call.tool for call, _ in outcome})
-                text = f"{text}\n\n{prompts.repeated(self.specs, blocked=sorted(self.avoid))}"
-                blocked = f"; its next reply may not call {', '.join(sorted(self.avoid))}" if self.avoid else ""
-                yield Notice(f"The model repeated its previous call(s) and got the same result: told it so{blocked}.")
+            report = progress.record(step, outcome)
+            if report.repeats or report.kept_out:
+                note, notice = self._progress_note(report)
+                if note:
+                    text = f"{text}\n\n{note}"
+                    yield Notice(notice)
             self.history.append({"role": "user", "content": text})
+            if a.max_stalled_steps is not None and report.stalled >= a.max_stalled_steps:
+                yield self.tally.finished("stopped", self._stall_reason(report.stalled))
+                return
 
     def _resolve_grammar(self) -> Generator[StepEvent, None, None]:
         grammar = self.agent.grammar
@@ -304,43 +317,80 @@ class _Run(RunSkeleton):
             except Exception as e:
                 yield Notice(f"No reply grammar: building it failed ({type(e).__name__}: {e}).")
 
-    def _avoidable(self, tools: set[str]) -> frozenset[str]:
-        """The tools a looping reply used that the next reply's grammar can leave out: only when the
-        grammar is built from the tool specs here, and never every tool."""
-        if self.agent.grammar is not True or self.grammar is None or not set(self.tools) - tools:
-            return frozenset()
-        if self.seen is not None and self.seen.answer_ready():
-            # It has what the task asks for and goes round in circles: only finishing is left.
-            finishers = set(prompts.completion_tools(self.specs))
-            if finishers:
-                return frozenset(set(self.tools) - finishers)
-        return frozenset(tools)
+    @property
+    def _narrowable(self) -> bool:
+        """Whether this run builds each step's grammar from the tool specs (and so may narrow it)."""
+        return self.agent.grammar is True and self.grammar is not None
 
-    def _grammar_without(self, avoid: frozenset[str]) -> str | None:
-        """The reply grammar without the ``avoid`` tools and, with ``constrain_values``, with path,
-        text and completion arguments narrowed to the values seen so far (``controller.seen``); built
-        once per combination. The full grammar when neither applies."""
-        seen = self.seen
-        if not avoid and (seen is None or self.grammar is None):
+    def _progress_note(self, report: StepProgress) -> tuple[str, str]:
+        """What the model reads after a step that repeated results or kept calls out, and the notice
+        for the transcript. With the answer seen (``controller.seen``) the next reply may only finish."""
+        assert self.progress is not None
+        finishers = set(prompts.completion_tools(self.specs))
+        ready = self.seen is not None and self.seen.answer_ready()
+        self.only_finish = bool(report.repeats and ready and finishers and self._narrowable)
+        kept_out = [] if not self._narrowable or self.only_finish else self.progress.kept_out()
+        named = self.seen.task_names if self.seen is not None else []
+        unexplored = [] if self.only_finish else self.progress.unexplored(named)
+        note = prompts.progress_note(
+            self.specs,
+            repeated=[(r.call, r.first_step) for r in report.repeats],
+            kept_out=kept_out,
+            unexplored=unexplored,
+            can_finish=ready or self.seen is None,
+        )
+        if self.only_finish:
+            note += f" Your next reply may only call {' or '.join(sorted(finishers))}."
+        said = []
+        if report.repeats:
+            repeats = (f"{prompts.format_call(r.call)} (same result as at step {r.first_step})" for r in report.repeats)
+            said.append("the model repeated " + ", ".join(repeats))
+        if self.only_finish:
+            said.append(f"its next reply may only call {' or '.join(sorted(finishers))}")
+        elif kept_out:
+            said.append(f"its next reply may not call {', '.join(prompts.format_call(c) for c in kept_out)}")
+        if unexplored:
+            said.append(f"suggested what it has not looked at ({', '.join(unexplored[:prompts.MAX_NAMED])})")
+        if report.stalled:
+            said.append(f"{report.stalled} step{'s' if report.stalled > 1 else ''} in a row without a new result")
+        return note, "Progress: " + "; ".join(said) + "."
+
+    def _stall_reason(self, stalled: int) -> str:
+        assert self.progress is not None
+        calls = ", ".join(prompts.format_call(c) for c in list(self.progress.repeated_in_stall.values())[-4:])
+        left = self.agent.max_steps - self.tally.steps
+        return (
+            f"no progress: {stalled} steps in a row got only results this run had already seen"
+            + (f" ({calls})" if calls else "")
+            + f"; stopped early instead of spending the other {left} steps of the limit"
+        )
+
+    def _step_grammar(self) -> str | None:
+        """This step's reply grammar: the run's, or (when it is built from the tool specs) one without
+        the calls ``controller.progress`` keeps out, with only the completion tools after a loop on a
+        ready answer, and with ``constrain_values`` its arguments narrowed to the values seen so far
+        (``controller.seen``); built once per combination."""
+        if not self._narrowable:
             return self.grammar
-        key = (avoid, seen.version if seen is not None else -1)
+        seen, progress = self.seen, self.progress
+        kept_out = [] if progress is None else progress.kept_out()
+        if not kept_out and not self.only_finish and seen is None:
+            return self.grammar
+        marks = frozenset(fingerprint(c, self.tools.get(c.tool)) for c in kept_out)
+        key = (marks, self.only_finish, seen.version if seen is not None else -1)
         if key not in self.narrowed:
-            specs = [s for s in self.specs if s.name not in avoid]
+            specs = list(self.specs)
+            if self.only_finish:
+                finishers = set(prompts.completion_tools(specs))
+                specs = [s for s in specs if s.name in finishers]
             if seen is not None:
                 specs = seen.constrain(specs)
+            specs = without_calls(specs, kept_out)
             try:
                 self.narrowed[key] = build_grammar(specs)
             except Exception:
                 self.narrowed[key] = self.grammar
         return self.narrowed[key]
-
-    def _repeats_last_step(self, outcome: list[tuple[Call, Result | str]]) -> bool:
-        """Whether this step made the same calls as the step before and got the same outcomes (then
-        the model is looping); remembers this step for the next comparison."""
-        marks = [(fingerprint(call, self.tools[call.tool]), _outcome_key(result)) for call, result in outcome]
-        repeated = marks == self.last_step
-        self.last_step = marks
-        return repeated
 
     def _initial_messages(self) -> list[Message]:
         a = self.agent
@@ -418,14 +468,6 @@ class _Run(RunSkeleton):
                 return self.stopped()
             outcomes.append((call, result))
         return outcomes
-
-
-def _outcome_key(outcome: Result | str) -> str:
-    """What a call's outcome looks like to the model (value, output, error; not ids or timings)."""
-    if isinstance(outcome, str):
-        return outcome
-    error = outcome.error
-    return repr((outcome.ok, outcome.value, outcome.stdout, outcome.stderr, error and (error.kind, error.message)))
 
 
 def _reply_text(reply: ModelReply) -> tuple[str, str]:

@@ -8,7 +8,9 @@ arguments, ``)``. Positional-only parameters are written positionally, every oth
 triple-quoted string, an int, a float, True/False/None, or a list or dict (string keys) of those,
 nested at most ``MAX_DEPTH`` brackets deep. Where the tool's JSON Schema gives a parameter a type
 (``string``, ``integer``, ``number``, ``boolean``, ``null``, ``array`` with ``items``, ``object`` with
-``additionalProperties``, ``enum``/``const``, ``anyOf``/``oneOf``), the value is narrowed to it.
+``additionalProperties``, ``enum``/``const``, ``anyOf``/``oneOf``), the value is narrowed to it. A
+``string`` with ``"not": {"enum": [...]}`` (or ``const``) admits any double-quoted string but those
+(``controller.progress`` keeps calls that already failed out of the grammar that way).
 
 The grammar is built as data first (``Grammar``: named rules over ``Lit``/``Chars``/``Seq``/``Alt``/
 ``Repeat``/``Ref``) and rendered to text last, so tests can walk the same rules to derive random
@@ -190,6 +192,7 @@ def _render(expr: Expr, top: bool = False) -> str:
 
 # --- Literal values -------------------------------------------------------------------------------
 
+_STRING_SPECIAL = (('"', '"'), ("\\", "\\"), ("\x00", "\x1f"))  # what a short string spells with an escape
 _HEX = Chars((("0", "9"), ("a", "f"), ("A", "F")))
 _DIGIT = Chars((("0", "9"),))
 _RULE_NAME = re.compile(r"[^A-Za-z0-9]+")
@@ -248,7 +251,7 @@ class _Builder:
         if name == "short-string":
             return seq(Lit('"'), Repeat(self.ref("str-char"), 0, MAX_STRING_CHARS), Lit('"'))
         if name == "str-char":
-            return alt(Chars((('"', '"'), ("\\", "\\"), ("\x00", "\x1f")), negated=True), self.ref("escape"))
+            return alt(Chars(_STRING_SPECIAL, negated=True), self.ref("escape"))
         if name == "long-string":
             return seq(Lit('"""'), Repeat(self.ref("text-item"), 0, MAX_TEXT_CHARS), Lit('"""'))
         if name == "text-item":
@@ -341,6 +344,10 @@ class _Builder:
             return alt(*(b for b in branches if b is not None))
         if kinds == "null":
             return Lit("None")
+        if kinds == "string" and isinstance(schema.get("not"), Mapping):
+            excluded = _excluded_strings(schema["not"])
+            if excluded:
+                return seq(Lit('"'), self._string_except("", excluded))
         if kinds in _SCALAR_RULES:
             return self.ref(_SCALAR_RULES[kinds])
         if kinds == "array":
@@ -358,6 +365,19 @@ class _Builder:
                 return self.ref(_level_name("dict", level))
             return self._dict(self.typed(values, level + 1, f"{hint}-value"))
         return None
+
+    def _string_except(self, prefix: str, excluded: frozenset[str]) -> Expr:
+        """The rest of a double-quoted string (after ``"`` and ``prefix``) whose value is none of
+        ``excluded``: while the text follows one of them it is spelled in plain characters (no escape
+        can spell an excluded value), and once it leaves them all, anything a string may hold."""
+        depth = len(prefix)
+        following = sorted({v[depth] for v in excluded if len(v) > depth and v.startswith(prefix)})
+        options: list[Expr] = [] if prefix in excluded else [Lit('"')]
+        if depth < MAX_STRING_CHARS:
+            leave = Chars((*_STRING_SPECIAL, *((c, c) for c in following)), negated=True)
+            options.append(seq(leave, Repeat(self.ref("str-char"), 0, MAX_STRING_CHARS - depth - 1), Lit('"')))
+            options += [seq(Lit(c), self._string_except(prefix + c, excluded)) for c in following]
+        return alt(*options)
 
     def call(self, tool: ToolSpec) -> Ref:
         """The rule for one call of ``tool``: ``name(`` arguments ``)``."""
@@ -487,6 +507,18 @@ def _check_callable_name(name: str, what: str) -> None:
             f"The {what} cannot be called in a CIAYN call: it must be a plain ASCII "
             "identifier, not a Python keyword and not a dunder name."
         )
+
+
+def _excluded_strings(schema: Mapping[str, Any]) -> frozenset[str]:
+    """The strings a ``not`` schema names (``enum`` or ``const``) that a plain double-quoted literal
+    spells without escapes; others cannot be kept out this way and are left admitted."""
+    values = schema.get("enum") if "enum" in schema else [schema.get("const")]
+    if not isinstance(values, list):
+        return frozenset()
+    return frozenset(
+        v for v in values
+        if isinstance(v, str) and len(v) <= MAX_STRING_CHARS and not any(c in '"\\' or c < " " for c in v)
+    )
 
 
 def _python_literal(value: Any) -> str | None:

@@ -63,9 +63,12 @@ TASK = "Task:\n{task}"
 EMPTY_REPLY = "Your last reply was empty. Reply with exactly one tool call, for example:\n{example}"
 REJECTED = "That reply was rejected and nothing was run.\n{message}"
 REPEATED = (
-    "You made this exact call in your previous reply and got the same result again. Repeating it "
-    "will not change anything: use the result above and do the next step of the task{finish}."
+    "You already made {this} at step {steps} and got the same result{s}: repeating a call changes nothing. "
+    "Use what you have and do the next step of the task{finish}."
 )
+KEPT_OUT = "Your next reply may not call {calls}."
+UNEXPLORED = "Not looked at yet: {names}. Next, try {example}."
+MAX_NAMED = 8  # names listed in a suggestion
 REPEAT = (
     "{call} was not run: you just made this exact call and it succeeded, so its result is already "
     "above. Repeating it changes nothing; do something different."
@@ -281,15 +284,47 @@ def rejected(message: str) -> str:
     return REJECTED.format(message=message)
 
 
-def repeated(tools: Sequence[ToolSpec], blocked: Sequence[str] = ()) -> str:
-    """The note after a reply that repeated the previous reply's calls and got the same results;
-    ``blocked`` names the tools the next reply may not call."""
-    finishers = completion_tools(tools)
-    finish = f", or call {' or '.join(finishers)} if the task is done" if finishers else ""
-    text = REPEATED.format(finish=finish)
-    if blocked:
-        text += f" Your next reply may not call {' or '.join(blocked)}."
-    return text
+def progress_note(
+    tools: Sequence[ToolSpec],
+    repeated: Sequence[tuple[Call, int]] = (),
+    kept_out: Sequence[Call] = (),
+    unexplored: Sequence[str] = (),
+    can_finish: bool = True,
+) -> str:
+    """The note after a step that got nowhere (``controller.progress``): the calls that got a result
+    they had got before (with the step it was first got), the calls the next reply may not make, and
+    a next call made from what the run has seen but not looked at (``unexplored`` names), or else
+    the completion tool when ``can_finish``."""
+    finishers = completion_tools(tools) if can_finish else []
+    parts = []
+    if repeated:
+        steps = sorted({step for _, step in repeated})
+        parts.append(
+            REPEATED.format(
+                this="this call" if len(repeated) == 1 else "these calls",
+                steps=" and ".join(str(n) for n in steps),
+                s="" if len(repeated) == 1 else "s",
+                finish=f", or call {' or '.join(finishers)} if it is done" if finishers else "",
+            )
+        )
+    if kept_out:
+        parts.append(KEPT_OUT.format(calls=" or ".join(format_call(c) for c in kept_out)))
+    suggestion = _next_call(tools, unexplored)
+    if suggestion:
+        names = ", ".join(unexplored[:MAX_NAMED]) + (", ..." if len(unexplored) > MAX_NAMED else "")
+        parts.append(UNEXPLORED.format(names=names, example=suggestion))
+    return " ".join(parts)
+
+
+def _next_call(tools: Sequence[ToolSpec], names: Sequence[str]) -> str | None:
+    """A call that looks at the first of ``names`` that an offered tool can look at: a listing tool
+    for a directory (a name ending in "/"), a reading tool for anything else."""
+    for name in names:
+        pattern, value = (_LISTER, name.rstrip("/")) if name.endswith("/") else (_READER, name)
+        tool = next((t for t in tools if pattern.search(t.name) and _example(t, value) is not None), None)
+        if tool is not None:
+            return _example(tool, value)
+    return None
 
 
 def repeat(call: Call) -> str:

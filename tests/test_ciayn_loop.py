@@ -32,6 +32,7 @@ from controller.events import (
 )
 from controller.history import TRIM_NOTE, trim_history
 from controller.models import ModelConfig, ModelError, ModelReply, ScriptedModel, estimate_tokens
+from controller.progress import without_calls
 from protocol import Call, ErrorInfo, Limits, Result, Stats, ToolSpec, WorkerInfo, parse_call
 
 DONE = 'complete_task(summary="all done")'
@@ -546,24 +547,31 @@ def test_a_call_repeated_with_the_same_result_is_called_out(client: Any, workspa
     model = ScriptedModel(["same()", "same()", "append_line('b')", DONE])
     events = run(CiaynAgent(model, client))
     assert log_lines(workspace) == ["b", "complete all done"]
-    assert prompts.repeated(client.tools()) not in model.requests[1][-1]["content"]
+    assert "You already made" not in model.requests[1][-1]["content"]
     told = model.requests[2][-1]["content"]
     assert told.startswith("same() returned:")
-    assert told.endswith(prompts.repeated(client.tools()))
-    assert "You made this exact call in your previous reply" in told and "call complete_task" in told
-    assert prompts.repeated(client.tools()) not in model.requests[3][-1]["content"]  # a new call: no note
-    assert sum("repeated its previous call" in n.text for n in of(Notice, events)) == 1
+    assert "You already made this call at step 1 and got the same result" in told and "call complete_task" in told
+    assert "You already made" not in model.requests[3][-1]["content"]  # a new call: no note
+    progress = [n.text for n in of(Notice, events) if n.text.startswith("Progress:")]
+    assert progress == ["Progress: the model repeated same() (same result as at step 1); 1 step in a row without a "
+                        "new result."]
 
 
 def test_a_repeat_with_a_different_result_is_not_called_out(client: Any) -> None:
     model = ScriptedModel(["tick()", "tick()", "same()", "same()", DONE])
     run(CiaynAgent(model, client))
-    note = "You made this exact call"
+    note = "You already made"
     assert note not in model.requests[2][-1]["content"]  # tick() again, but it now says 2
-    assert note in model.requests[4][-1]["content"]  # same() again, with the same result
+    assert "You already made this call at step 3" in model.requests[4][-1]["content"]  # same() again, same result
 
 
-def test_after_a_loop_the_grammar_leaves_the_looping_tool_out_once(client: Any) -> None:
+def test_a_repeat_anywhere_in_the_run_is_called_out_not_only_of_the_last_step(client: Any) -> None:
+    model = ScriptedModel(["same()", "tick()", "same()", DONE])
+    run(CiaynAgent(model, client))
+    assert "You already made this call at step 1" in model.requests[3][-1]["content"]
+
+
+def test_a_repeated_call_is_left_out_of_the_grammar_until_the_run_makes_progress(client: Any) -> None:
     model = ScriptedModel(["same()", "same()", "tell('t')", "same()", DONE])
     run(CiaynAgent(model, client, grammar=True))
     full, *_ = model.grammars
@@ -572,8 +580,59 @@ def test_after_a_loop_the_grammar_leaves_the_looping_tool_out_once(client: Any) 
     narrowed = model.grammars[2]
     assert narrowed is not None and "same(" not in narrowed and "tell(" in narrowed
     assert narrowed == build_grammar([s for s in client.tools() if s.name != "same"])
-    assert model.grammars[3:] == [full, full]
-    assert model.requests[2][-1]["content"].endswith("Your next reply may not call same.")
+    assert model.grammars[3] == full  # tell('t') got something new: same() is back
+    assert model.grammars[4] == narrowed  # same() got what it got at step 1 again
+    assert model.requests[2][-1]["content"].endswith("Your next reply may not call same().")
+
+
+def test_an_a_a_b_b_cycle_ends_early_with_the_reason_in_the_events(client: Any) -> None:
+    model = ScriptedModel(["same()", "same()", "recall()", "recall()"] * 8)  # no grammar: nothing stops it
+    events = run(CiaynAgent(model, client, max_steps=30))
+    finished = done(events)
+    # same() new, same() again (1), recall() new, recall() again (1), same() (2), same() (3), recall() (4)
+    assert finished.status == "stopped" and finished.steps == 7 and len(model.requests) == 7
+    assert finished.reason.startswith("no progress: 4 steps in a row got only results this run had already seen")
+    assert "same()" in finished.reason and "recall()" in finished.reason and "other 23 steps" in finished.reason
+    assert json.loads(finished.to_json())["reason"] == finished.reason
+    stalls = [n.text for n in of(Notice, events) if n.text.startswith("Progress:")]
+    assert len(stalls) == 5 and stalls[-1].endswith("4 steps in a row without a new result.")
+
+
+def test_the_stall_limit_can_be_raised_or_turned_off(client: Any) -> None:
+    model = ScriptedModel(["same()"] * 10)
+    assert done(run(CiaynAgent(model, client, max_steps=10, max_stalled_steps=None))).steps == 10
+    model = ScriptedModel(["same()"] * 10)
+    assert done(run(CiaynAgent(model, client, max_steps=10, max_stalled_steps=2))).steps == 3
+    with pytest.raises(ValueError, match="max_stalled_steps"):
+        CiaynAgent(model, client, max_stalled_steps=0)
+
+
+def test_a_call_that_failed_is_left_out_of_the_grammar_and_unread_files_are_suggested(builtin_client: Any) -> None:
+    replies = ['read_file(path=".")', 'list_dir(path=".")', 'list_dir(path=".")', 'read_file(path="notes.txt")', DONE]
+    model = ScriptedModel(replies)
+    agent = CiaynAgent(model, builtin_client, grammar=True, constrain_values=True)
+    assert done(run(agent, "Which file has the code?")).status == "completed"
+    specs = builtin_client.tools()
+    read_dot, list_dot = Call(tool="read_file", kwargs={"path": "."}), Call(tool="list_dir", kwargs={"path": "."})
+
+    def path_rule(grammar: str | None, tool: str) -> str:
+        assert grammar is not None
+        return next(line for line in grammar.splitlines() if line.startswith(f"{tool}-path ::="))
+
+    # "." is all the run has seen to read, and read_file('.') failed: read_file is left out until the
+    # listing shows a file; then it may read that, never ".". list_dir('.') repeated: out until progress.
+    assert "call-read-file" in model.grammars[0] and "call-read-file" not in (model.grammars[1] or "")
+    assert "Your next reply may not call read_file(path='.')." in model.requests[1][-1]["content"]
+    assert path_rule(model.grammars[2], "read-file") == 'read-file-path ::= "path" ws "=" ws "\\"notes.txt\\""'
+    assert path_rule(model.grammars[3], "list-dir") == 'list-dir-path ::= "path" ws "=" ws "\\"notes.txt\\""'
+    assert "list-dir-path-value ::= \"\\\"notes.txt\\\"\" | \"\\\".\\\"\"" in (model.grammars[4] or "")
+    told = model.requests[3][-1]["content"]
+    assert "You already made this call at step 2" in told
+    assert "may not call read_file(path='.') or list_dir(path='.')" in told
+    assert told.endswith('Not looked at yet: notes.txt. Next, try read_file(path="notes.txt").')
+    free = CiaynAgent(ScriptedModel(replies), builtin_client, grammar=True)  # no narrowed values: "not" rules
+    assert done(run(free, "Which file has the code?")).status == "completed"
+    assert free.model.grammars[3] == build_grammar(without_calls(specs, [read_dot, list_dot]))  # type: ignore[attr-defined]
 
 
 def test_a_fixed_grammar_is_never_narrowed(client: Any) -> None:

@@ -14,90 +14,14 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import pytest
+from gbnf_walk import admits, derive
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from controller import gbnf
-from controller.gbnf import Alt, Chars, Expr, Grammar, Lit, Ref, Repeat, Seq, call_grammar, call_rules
+from controller.gbnf import Alt, Expr, Ref, Repeat, Seq, call_grammar, call_rules
 from protocol.grammar import CallRejected, parse_call
 from protocol.spec import Param, ToolSpec
-
-WALK_EXTRA = 4  # a derivation repeats an item at most this many times beyond the minimum...
-SHORT_RUN = 32  # ...unless it is one character class repeated at most this many times
-INTERESTING = "\"'\\\n\t\r #=,:()[]{}<>`é中😀\u2028\x7f"
-
-
-# --- Walking the rules ----------------------------------------------------------------------------
-
-
-def derive(grammar: Grammar, draw: Callable[[st.SearchStrategy[Any]], Any]) -> str:
-    """One random text the grammar admits; ``draw`` makes every choice."""
-    out: list[str] = []
-
-    def walk(expr: Expr) -> None:
-        if isinstance(expr, Lit):
-            out.append(expr.text)
-        elif isinstance(expr, Chars):
-            out.append(draw(char_in(expr)))
-        elif isinstance(expr, Seq):
-            for item in expr.items:
-                walk(item)
-        elif isinstance(expr, Alt):
-            walk(expr.options[draw(st.integers(0, len(expr.options) - 1))])
-        elif isinstance(expr, Repeat):
-            # Short runs of single characters (digits, hex) go all the way to their bound, where
-            # 64-bit and float overflow would hide; anything else stays short.
-            whole = isinstance(expr.item, Chars) and expr.high - expr.low <= SHORT_RUN
-            high = expr.high if whole else min(expr.high, expr.low + WALK_EXTRA)
-            for _ in range(draw(st.integers(expr.low, high))):
-                walk(expr.item)
-        else:
-            walk(grammar.rules[expr.name])
-
-    walk(Ref(grammar.root))
-    return "".join(out)
-
-
-def char_in(chars: Chars) -> st.SearchStrategy[str]:
-    if not chars.negated:
-        return st.one_of([st.characters(min_codepoint=ord(lo), max_codepoint=ord(hi)) for lo, hi in chars.ranges])
-    interesting = [c for c in INTERESTING if chars.matches(c)]
-    return st.one_of(st.sampled_from(interesting), st.characters(codec="utf-8").filter(chars.matches))
-
-
-def admits(grammar: Grammar, text: str) -> bool:
-    """Whether ``text`` as a whole derives from the grammar's root (all parses at once, memoised)."""
-    memo: dict[tuple[str, int], frozenset[int]] = {}
-
-    def ends(expr: Expr, pos: int) -> frozenset[int]:
-        if isinstance(expr, Lit):
-            return frozenset({pos + len(expr.text)}) if text.startswith(expr.text, pos) else frozenset()
-        if isinstance(expr, Chars):
-            return frozenset({pos + 1}) if pos < len(text) and expr.matches(text[pos]) else frozenset()
-        if isinstance(expr, Seq):
-            here = frozenset({pos})
-            for item in expr.items:
-                here = frozenset(e for p in here for e in ends(item, p))
-            return here
-        if isinstance(expr, Alt):
-            return frozenset(e for option in expr.options for e in ends(option, pos))
-        if isinstance(expr, Repeat):
-            found = {pos} if expr.low == 0 else set()
-            here = frozenset({pos})
-            for count in range(1, expr.high + 1):
-                here = frozenset(e for p in here for e in ends(expr.item, p))
-                if not here:
-                    break
-                if count >= expr.low:
-                    found |= here
-            return frozenset(found)
-        key = (expr.name, pos)
-        if key not in memo:
-            memo[key] = ends(grammar.rules[expr.name], pos)
-        return memo[key]
-
-    return len(text) in ends(Ref(grammar.root), 0)
-
 
 # --- Random tools ---------------------------------------------------------------------------------
 
@@ -405,6 +329,39 @@ def test_other_values_are_not_admitted(text: str) -> None:
     assert not admits(gbnf.value_rules(), text)
 
 
+EXCLUDED = ["", ".", "a.txt", "a.txt.bak", "docs/", "naïve 中"]
+NOT_SCHEMA = {"type": "string", "not": {"enum": EXCLUDED}}
+
+
+@PROPERTY_SETTINGS
+@given(data=st.data())
+def test_a_string_kept_out_by_not_is_never_admitted_and_all_else_may_be(data: st.DataObject) -> None:
+    grammar = gbnf.value_rules(NOT_SCHEMA)
+    value = parse_admitted(f"f(x={derive(grammar, data.draw)})", ONE_PARAM).kwargs["x"]
+    assert isinstance(value, str) and value not in EXCLUDED
+    other = data.draw(st.text(max_size=12))
+    if other not in EXCLUDED and all(c not in '"\\' and c >= " " for c in other):
+        assert admits(grammar, f'"{other}"')
+
+
+@pytest.mark.parametrize("value", EXCLUDED)
+def test_no_spelling_of_a_kept_out_string_is_admitted(value: str) -> None:
+    grammar = gbnf.value_rules(NOT_SCHEMA)
+    escaped = "".join(f"\\u{ord(c):04x}" for c in value)  # the same value, spelled with escapes
+    for text in (f'"{value}"', f'"{escaped}"', f'"""{value}"""'):
+        assert not admits(grammar, text), text
+    for near in (value[:-1], value + "x", "x" + value, value.upper()):
+        if near not in EXCLUDED:
+            assert admits(grammar, f'"{near}"'), near
+
+
+def test_a_kept_out_value_narrows_a_call_of_a_tool() -> None:
+    spec = ToolSpec.from_function(read_file)
+    narrowed = spec.model_copy(update={"parameters": {**spec.parameters, "properties": {"path": NOT_SCHEMA}}})
+    grammar = call_rules([narrowed])
+    assert not admits(grammar, 'read_file(path=".")') and admits(grammar, 'read_file(path="b.txt")')
+
+
 def test_duplicate_dict_keys_are_the_one_gap_of_a_context_free_grammar() -> None:
     text = 'f(x={"a": 1, "a": 2})'
     assert admits(call_rules([ToolSpec(name="f", signature="(x)", params=[Param(name="x")])]), text)
@@ -483,6 +440,7 @@ def test_llama_cpp_parses_the_grammars(llama_vocab: Any) -> None:
     assert not llama_parses(llama_vocab, "root ::= undefined-rule")  # the check can fail
     assert llama_parses(llama_vocab, call_grammar(REAL_TOOLS))
     assert llama_parses(llama_vocab, gbnf.value_grammar())
+    assert llama_parses(llama_vocab, gbnf.value_grammar(NOT_SCHEMA))
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
