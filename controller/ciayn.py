@@ -69,7 +69,12 @@ DEFAULT_MAX_INVALID = 5
 DEFAULT_MAX_EMPTY = 3
 DEFAULT_MAX_HISTORY_MESSAGES = 50
 PromptStyle = Literal["full", "compact"]
-SMALL_MODEL_OPTIONS: Mapping[str, Any] = {"prompt_style": "compact", "few_shot": True, "constrain_values": True}
+SMALL_MODEL_OPTIONS: Mapping[str, Any] = {
+    "prompt_style": "compact",
+    "few_shot": True,
+    "constrain_values": True,
+    "check_completion": True,
+}
 """The agent options for a small local model (``ciayn run --prompt compact``, the local default)."""
 
 
@@ -101,9 +106,12 @@ class CiaynAgent(StreamingAgent):
     ``full`` (every rule and docstring) or ``compact`` (short, for small models); ``few_shot`` puts
     example turns (task, calls, results, completion) between the instructions and the task;
     ``constrain_values`` (with ``grammar=True``) narrows path, text and completion arguments to the
-    values the run has seen (``controller.seen``). ``max_stalled_steps`` (None: never) ends the run,
-    ``stopped``, after that many steps in a row whose calls all got results the run had already seen
-    (``controller.progress``)."""
+    values the run has seen (``controller.seen``). ``check_completion`` refuses a completion call
+    while the task visibly lacks something (no tool has run; the task names a file to write and
+    nothing was written: ``SeenValues.completion_missing``), telling the model what, and (with
+    ``grammar=True``) keeps the completion tool out of the grammar meanwhile. ``max_stalled_steps``
+    (None: never) ends the run, ``stopped``, after that many steps in a row whose calls all got
+    results the run had already seen (``controller.progress``)."""
 
     def __init__(
         self,
@@ -126,6 +134,7 @@ class CiaynAgent(StreamingAgent):
         prompt_style: PromptStyle = "full",
         few_shot: bool = False,
         constrain_values: bool = False,
+        check_completion: bool = False,
         max_stalled_steps: int | None = DEFAULT_MAX_STALLED_STEPS,
     ) -> None:
         if min(max_steps, max_invalid, max_empty, 1 if max_stalled_steps is None else max_stalled_steps) < 1:
@@ -152,6 +161,7 @@ class CiaynAgent(StreamingAgent):
         self.prompt_style = prompt_style
         self.few_shot = few_shot
         self.constrain_values = constrain_values
+        self.check_completion = check_completion
         self.max_stalled_steps = max_stalled_steps
         super().__init__()
 
@@ -197,7 +207,8 @@ class _Run(RunSkeleton):
     step_grammar: str | None = None  # of this step's request: ``grammar``, or a narrower one
     only_finish: bool = False  # the next reply may only finish (it has the answer and goes round in circles)
     narrowed: dict[tuple[Any, ...], str | None] = field(default_factory=dict)
-    seen: SeenValues | None = None  # values the run has seen, when the grammar is narrowed to them
+    seen: SeenValues | None = None  # what the run has seen (for a task given as text)
+    narrow_values: bool = False  # whether the grammar is narrowed to ``seen``
     progress: Progress | None = None
     invalid: int = 0
     empty: int = 0
@@ -213,8 +224,9 @@ class _Run(RunSkeleton):
         if warning is not None:
             yield warning
         yield from self._resolve_grammar()
-        if a.constrain_values and a.grammar is True and isinstance(self.task, str):
+        if isinstance(self.task, str):
             self.seen = SeenValues.from_task(self.task)
+            self.narrow_values = a.constrain_values and a.grammar is True
         self.progress = progress = Progress(self.tools)
         initial = self._initial_messages()
         count_tokens = getattr(a.model, "count_tokens", None) or estimate_tokens
@@ -327,7 +339,7 @@ class _Run(RunSkeleton):
         for the transcript. With the answer seen (``controller.seen``) the next reply may only finish."""
         assert self.progress is not None
         finishers = set(prompts.completion_tools(self.specs))
-        ready = self.seen is not None and self.seen.answer_ready()
+        ready = self.narrow_values and self.seen is not None and self.seen.answer_ready()
         self.only_finish = bool(report.repeats and ready and finishers and self._narrowable)
         kept_out = [] if not self._narrowable or self.only_finish else self.progress.kept_out()
         named = self.seen.task_names if self.seen is not None else []
@@ -337,7 +349,7 @@ class _Run(RunSkeleton):
             repeated=[(r.call, r.first_step) for r in report.repeats],
             kept_out=kept_out,
             unexplored=unexplored,
-            can_finish=ready or self.seen is None,
+            can_finish=ready or (not self.narrow_values and self._completion_missing() is None),
         )
         if self.only_finish:
             note += f" Your next reply may only call {' or '.join(sorted(finishers))}."
@@ -365,6 +377,24 @@ class _Run(RunSkeleton):
             + f"; stopped early instead of spending the other {left} steps of the limit"
         )
 
+    def _completion_missing(self) -> str | None:
+        """With ``check_completion``: what the task still lacks before a completion call may run."""
+        if not self.agent.check_completion or self.seen is None:
+            return None
+        return self.seen.completion_missing()
+
+    def _completion_refusal(self, call: Call) -> str | None:
+        """Why a completion call is not run yet (``check_completion``), in words for the model."""
+        if call.tool not in prompts.completion_tools(self.specs):
+            return None
+        missing = self._completion_missing()
+        if missing is None:
+            return None
+        seen = self.seen
+        assert seen is not None and self.progress is not None
+        target = seen.write_target() if seen.succeeded and seen.writes else ""
+        return prompts.incomplete(call, missing, self.specs, target, self.progress.unexplored(seen.task_names))
+
     def _step_grammar(self) -> str | None:
         """This step's reply grammar: the run's, or (when it is built from the tool specs) one without
         the calls ``controller.progress`` keeps out, with only the completion tools after a loop on a
@@ -372,17 +402,20 @@ class _Run(RunSkeleton):
         (``controller.seen``); built once per combination."""
         if not self._narrowable:
             return self.grammar
-        seen, progress = self.seen, self.progress
-        kept_out = [] if progress is None else progress.kept_out()
-        if not kept_out and not self.only_finish and seen is None:
+        seen = self.seen if self.narrow_values else None
+        kept_out = [] if self.progress is None else self.progress.kept_out()
+        unfinished = self._completion_missing() is not None
+        if not kept_out and not self.only_finish and seen is None and not unfinished:
             return self.grammar
         marks = frozenset(fingerprint(c, self.tools.get(c.tool)) for c in kept_out)
-        key = (marks, self.only_finish, seen.version if seen is not None else -1)
+        key = (marks, self.only_finish, unfinished, seen.version if seen is not None else -1)
         if key not in self.narrowed:
             specs = list(self.specs)
+            finishers = set(prompts.completion_tools(specs))
             if self.only_finish:
-                finishers = set(prompts.completion_tools(specs))
                 specs = [s for s in specs if s.name in finishers]
+            elif unfinished and set(self.tools) - finishers:
+                specs = [s for s in specs if s.name not in finishers]
             if seen is not None:
                 specs = seen.constrain(specs)
             specs = without_calls(specs, kept_out)
@@ -440,9 +473,11 @@ class _Run(RunSkeleton):
         for call in calls:
             if self.stopping.is_set():
                 return self.stopped()
-            refusal = self.repeat_refusal(call)
+            refusal, code = self.repeat_refusal(call), "repeat"
+            if refusal is None:
+                refusal, code = self._completion_refusal(call), "incomplete"
             if refusal is not None:
-                yield Rejected(step=step, text=prompts.format_call(call), message=refusal, code="repeat")
+                yield Rejected(step=step, text=prompts.format_call(call), message=refusal, code=code)
                 outcomes.append((call, refusal))
                 continue
             sent = self.with_id(call)

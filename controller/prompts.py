@@ -67,6 +67,7 @@ REPEATED = (
     "Use what you have and do the next step of the task{finish}."
 )
 KEPT_OUT = "Your next reply may not call {calls}."
+INCOMPLETE = "{call} was not run: {missing}. {hint}"
 UNEXPLORED = "Not looked at yet: {names}. Next, try {example}."
 MAX_NAMED = 8  # names listed in a suggestion
 REPEAT = (
@@ -325,6 +326,23 @@ def _next_call(tools: Sequence[ToolSpec], names: Sequence[str]) -> str | None:
         if tool is not None:
             return _example(tool, value)
     return None
+
+
+def incomplete(
+    call: Call, missing: str, tools: Sequence[ToolSpec], write_to: str = "", look_at: Sequence[str] = ()
+) -> str:
+    """Why a completion call was not run: what the task still lacks (``missing``), and what to call
+    first: a writing tool for ``write_to`` when given, else a look at the first of ``look_at`` (or a
+    listing of the workspace) that an offered tool can take."""
+    writer = next((t for t in tools if _WRITER.search(t.name) and _text_params(t)[1] >= 1), None)
+    if write_to and writer is not None:
+        names = _text_params(writer)[0]
+        rest = f" and the {names[1]} to write" if len(names) > 1 else ""
+        hint = f"Call {writer.name} first, with {names[0]}={json.dumps(write_to)}{rest}."
+    else:
+        first = _next_call(tools, [*look_at, "./"])
+        hint = f"Do the task first, for example {first}." if first else "Do the task first."
+    return INCOMPLETE.format(call=format_call(call), missing=missing, hint=hint)
 
 
 def repeat(call: Call) -> str:

@@ -13,11 +13,17 @@ A 135M model writes well-formed calls under a grammar, but it invents file names
 A parameter with nothing seen for it stays free. The task's wording narrows the answer further:
 a question of "how many" / "count" / "number of" is answered with a size ("3 entries"), one of
 "which file" with the name of a file the run has read (every file the task names, when it names
-several), and any other with a line a result returned; where some candidates share a word with the
-task (four letters or more, not a common one), only those are offered. The completion tool is left
-out of the grammar until the run has seen such an answer, so the model cannot finish before it has
-looked. A tool that writes is left out when the task does not ask
-for writing (no "write", "save", "create", ...).
+several; and one whose text shares a word with the task, unless every file seen was read), and any
+other with a line a result returned; where some candidates share a word with the task (three
+letters or more, not a common one), only those are offered. The completion tool is left out of the
+grammar until the run has seen such an answer, so the model cannot finish before it has looked. A
+tool that writes is left out when the task does not ask for writing (no "write", "save", "create",
+...).
+
+``completion_missing()`` says what a task still lacks before it can be reported done, whatever the
+grammar: no tool has run yet, or the task names a file and asks for writing and nothing was
+written. ``CiaynAgent(check_completion=True)`` refuses a completion call with it (and keeps the
+completion tool out of a grammar built from the specs meanwhile).
 
 This narrows what the model may write; it never widens what the parser accepts (every choice is a
 plain string literal, and a tool left out of the grammar is still a valid call). It is only used when
@@ -53,18 +59,29 @@ _NOT_NAMES = frozenset(
 )
 _QUOTED = re.compile(r"'([^'\n]{1,160})'|\"([^\"\n]{1,160})\"")
 _COUNT_QUESTION = re.compile(r"\bhow many\b|\bcount\b|\bnumber of\b", re.IGNORECASE)
-_NAME_QUESTION = re.compile(r"\bwhich\b|\bname of\b|\bfile ?name\b", re.IGNORECASE)
+# asks for a file (not a line): "which file", "which of a.txt and b.txt", "the name of the file"
+_NAME_QUESTION = re.compile(
+    r"\bwhich\s+(?:\w+\s+)?(?:file|document)s?\b|\bwhich\s+(?:one|of)\b|\bname of\b|\bfile ?name\b", re.IGNORECASE
+)
 _WRITE_WORDS = re.compile(r"\b(?:write|writes|save|create|put|make|store|append|overwrite)\b", re.IGNORECASE)
 _WRITER_TOOL = re.compile(r"write|save|create|append|delete|remove", re.IGNORECASE)
 _READER_TOOL = re.compile(r"read|cat$|open|view|show", re.IGNORECASE)
 _SIZE = re.compile(r"^\d+ (?:entry|entries|lines)$")
-_WORD = re.compile(r"[A-Za-z][A-Za-z-]{3,}")
+_WORD = re.compile(r"[A-Za-z][A-Za-z-]{2,}")
 _COMMON = frozenset(
     (
+        # words of any task about files, and English function words: they relate nothing to anything
         "that", "this", "with", "from", "then", "them", "what", "which", "where", "when", "does", "have", "call",
         "read", "list", "open", "show", "find", "tell", "report", "finish", "file", "files", "name", "line",
         "lines", "text", "number", "count", "many", "entries", "entry", "directory", "folder", "about", "into",
         "your", "using", "there", "their", "write", "save", "create", "make", "the", "and", "for", "its", "one",
+        "all", "any", "are", "but", "can", "did", "get", "has", "how", "may", "not", "now", "off", "out", "own",
+        "put", "say", "see", "she", "too", "use", "was", "way", "who", "why", "you", "her", "him", "his", "our",
+        "they", "these", "those", "will", "would", "should", "could", "must", "also", "only", "each", "every",
+        "some", "than", "here", "just", "like", "said", "says", "mention", "mentions", "mentioned", "contain",
+        "contains", "containing", "talks", "talk", "written", "word", "words", "give", "gives", "look", "please",
+        "task", "complete", "completed", "done", "summary", "summarise", "summarize", "result", "answer",
+        "value", "first", "last", "next", "other", "both", "either", "whether", "tool", "tools", "workspace",
     )
 )
 MAX_READ_CHARS = 4000  # of a file's text kept to match task words against
@@ -88,6 +105,8 @@ class SeenValues:
     quoted: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     read: dict[str, str] = field(default_factory=dict)  # files whose text was returned: name -> text
+    listed_files: list[str] = field(default_factory=list)  # entries listings returned that are not directories
+    wrote: list[str] = field(default_factory=list)  # paths a writing tool wrote successfully
     task_names: list[str] = field(default_factory=list)  # file names the task mentions
     task_dirs: list[str] = field(default_factory=list)  # directory names it gives in words
     sizes_of: dict[str, str] = field(default_factory=dict)  # listed path -> its size ("3 entries")
@@ -123,15 +142,17 @@ class SeenValues:
         self.version += 1
         self.succeeded += 1
         value: Any = result.value
-        if call is not None and isinstance(value, str) and _READER_TOOL.search(call.tool):
-            named = [v for v in [*call.args, *call.kwargs.values()] if isinstance(v, str)]
-            if named:
-                self.read[named[0]] = value[:MAX_READ_CHARS]
+        named = [v for v in [*call.args, *call.kwargs.values()] if isinstance(v, str)] if call is not None else []
+        if call is not None and isinstance(value, str) and _READER_TOOL.search(call.tool) and named:
+            self.read[named[0]] = value[:MAX_READ_CHARS]
+        if call is not None and _WRITER_TOOL.search(call.tool) and named:
+            _add(self.wrote, named[:1])
         if isinstance(value, dict):  # e.g. run_shell: its text fields
             value = "\n".join(v for v in value.values() if isinstance(v, str))
         if isinstance(value, list):
             entries = [v for v in value if isinstance(v, str)]
             _add(self.names, [*entries, *(e.rstrip("/") for e in entries if e.endswith("/"))])
+            _add(self.listed_files, [e for e in entries if not e.endswith("/")])
             size = f"{len(value)} {'entry' if len(value) == 1 else 'entries'}"
             _add(self.lines, [size])
             listed = [v for v in [*call.args, *call.kwargs.values()] if isinstance(v, str)] if call else []
@@ -174,20 +195,38 @@ class SeenValues:
         named = [self.sizes_of[d] for d in self.task_dirs if d in self.sizes_of]
         return named or [line for line in self.lines if _SIZE.match(line)]
 
+    def completion_missing(self) -> str | None:
+        """What the task still lacks before it can be reported done, as a clause for the model
+        (``"nothing has been written yet"``), or None when nothing is known to be missing: no tool
+        has run, or the task names a file and asks for writing and no writing tool succeeded."""
+        if self.succeeded == 0:
+            return "no tool has run yet, so nothing of the task has been done"
+        if self.writes and self.task_names and not self.wrote:
+            return f"the task asks for writing ({self.write_target()}) and nothing has been written yet"
+        return None
+
+    def write_target(self) -> str:
+        """The file a writing task most likely means: the last one it names that the run did not read."""
+        unread = [n for n in self.task_names if n not in self.read]
+        return (unread or self.task_names or ["the file"])[-1]
+
     def answer_ready(self) -> bool:
         """Whether the run has seen what the task asks for (then the completion tool is offered)."""
+        if self.completion_missing() is not None:
+            return False
         if self.answer == "count":
             named = [d for d in self.task_dirs if d in self.sizes_of]
             return bool(named) if self.task_dirs else bool(self._sizes())
         if self.answer == "name":
             wanted = set(self.task_names) if len(self.task_names) > 1 else set()
-            return bool(self.read) and wanted <= set(self.read)
+            if not self.read or not wanted <= set(self.read):
+                return False
+            # a file related to the task was read, or there is nothing left to read
+            unread = set(self.task_names or self.listed_files) - set(self.read)
+            return not unread or any(self._related(text) for text in self.read.values())
         if self.task_names and not self.writes:  # a question about named files: read one first
             return bool(set(self.task_names) & set(self.read))
-        return self.succeeded > 0
-
-
-
+        return True
     def _related(self, text: str) -> bool:
         return bool(self.task_words & {w.lower() for w in _WORD.findall(text)})
 

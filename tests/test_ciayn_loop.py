@@ -635,6 +635,55 @@ def test_a_call_that_failed_is_left_out_of_the_grammar_and_unread_files_are_sugg
     assert free.model.grammars[3] == build_grammar(without_calls(specs, [read_dot, list_dot]))  # type: ignore[attr-defined]
 
 
+def test_a_completion_before_any_tool_ran_is_refused_with_what_is_missing(builtin_client: Any) -> None:
+    replies = ["complete_task(summary='The code is 7.')", 'read_file(path="notes.txt")',
+               "complete_task(summary='The code is 7.')"]
+    model = ScriptedModel(replies)
+    events = run(CiaynAgent(model, builtin_client, check_completion=True), "Read notes.txt and report the code")
+    assert done(events).status == "completed" and done(events).steps == 3
+    [refused] = of(Rejected, events)
+    assert refused.code == "incomplete" and refused.step == 1
+    assert refused.message == (
+        "complete_task(summary='The code is 7.') was not run: no tool has run yet, so nothing of the task has "
+        'been done. Do the task first, for example read_file(path="notes.txt").'
+    )
+    assert model.requests[1][-1]["content"] == refused.message  # what the model reads next
+    assert [e.tool for e in of(ToolCallEvent, events)] == ["read_file", "complete_task"]
+
+
+WRITE_TASK = "Read notes.txt and write a one-line summary of it to summary.txt"
+
+
+def test_a_write_task_is_not_reported_done_before_the_file_is_written(builtin_client: Any, workspace: Path) -> None:
+    replies = ['read_file(path="notes.txt")', "complete_task(summary='The code is 7.')",
+               'write_file(path="summary.txt", content="A code: 7.")', "complete_task(summary='Wrote summary.txt')"]
+    model = ScriptedModel(replies)
+    events = run(CiaynAgent(model, builtin_client, check_completion=True), WRITE_TASK)
+    assert done(events).status == "completed" and (workspace / "summary.txt").read_text() == "A code: 7."
+    [refused] = of(Rejected, events)
+    assert refused.code == "incomplete" and refused.message == (
+        "complete_task(summary='The code is 7.') was not run: the task asks for writing (summary.txt) and nothing "
+        'has been written yet. Call write_file first, with path="summary.txt" and the content to write.'
+    )
+    # Without the check, the same replies end the run as completed with nothing written: issue 23's case.
+    (workspace / "summary.txt").unlink()
+    unchecked = run(CiaynAgent(ScriptedModel(replies), builtin_client), WRITE_TASK)
+    assert done(unchecked).status == "completed" and not (workspace / "summary.txt").exists()
+
+
+def test_the_grammar_offers_completion_only_once_nothing_is_missing(builtin_client: Any) -> None:
+    replies = ['read_file(path="notes.txt")', 'write_file(path="summary.txt", content="A code: 7.")',
+               "complete_task(summary='Wrote summary.txt')"]
+    for task, model in (
+        (WRITE_TASK, ScriptedModel(replies)),
+        ("Report the code", ScriptedModel(['read_file(path="notes.txt")', "complete_task(summary='7')"])),
+    ):
+        agent = CiaynAgent(model, builtin_client, grammar=True, check_completion=True)
+        assert done(run(agent, task)).status == "completed"
+        offered = ["complete_task(" in (g or "") for g in model.grammars]
+        assert offered == [False] * (len(model.grammars) - 1) + [True], task
+
+
 def test_a_fixed_grammar_is_never_narrowed(client: Any) -> None:
     model = ScriptedModel(["same()", "same()", DONE])
     run(CiaynAgent(model, client, grammar='root ::= "x"'))
@@ -864,3 +913,27 @@ def test_seen_values_follow_what_the_task_asks() -> None:
 
     write = SeenValues.from_task("Write the text 'hello world' to greeting.txt, then finish.")
     assert write.writes and write._choices("content", finisher=False) == ["hello world"]
+    assert write.completion_missing() == "no tool has run yet, so nothing of the task has been done"
+    write.add_result(Result(id="6", ok=True, value=["a.txt"]), Call(tool="list_dir", kwargs={"path": "."}))
+    assert write.completion_missing() == (
+        "the task asks for writing (greeting.txt) and nothing has been written yet"
+    ) and not write.answer_ready()
+    write.add_result(Result(id="7", ok=True, value="wrote"), Call(tool="write_file", kwargs={"path": "greeting.txt"}))
+    assert write.completion_missing() is None and write.answer_ready()
+
+
+def test_a_which_file_answer_waits_for_a_file_related_to_the_task_or_for_every_file() -> None:
+    from controller.seen import SeenValues
+
+    which = SeenValues.from_task("Which file mentions the fox?")  # a short word counts
+    assert which.answer == "name" and "fox" in which.task_words and "mentions" not in which.task_words
+    which.add_result(Result(id="1", ok=True, value=["a.txt", "b.txt", "c.txt"]), Call(tool="list_dir"))
+    which.add_result(Result(id="2", ok=True, value="Nothing here.\n"), Call(tool="read_file", kwargs={"path": "a.txt"}))
+    assert not which.answer_ready()  # b.txt and c.txt may be the one
+    which.add_result(Result(id="3", ok=True, value="A fox ran.\n"), Call(tool="read_file", kwargs={"path": "b.txt"}))
+    assert which.answer_ready() and which._choices("summary", finisher=True) == ["b.txt"]
+    none = SeenValues.from_task("Which file mentions the owl?")
+    none.add_result(Result(id="4", ok=True, value=["a.txt"]), Call(tool="list_dir"))
+    none.add_result(Result(id="5", ok=True, value="Nothing.\n"), Call(tool="read_file", kwargs={"path": "a.txt"}))
+    assert none.answer_ready()  # every file was read: the model may say what it found
+    assert SeenValues.from_task("Which line of poem.txt mentions the rose?").answer == "any"
