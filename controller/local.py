@@ -31,6 +31,7 @@ DIR_PREFIX = "ciayn-executor-"
 _FLAG_NAMES = {
     "workers": "--workers",
     "timeout": "--timeout",
+    "max_timeout": "--max-timeout",
     "cpu_s": "--cpu-s",
     "memory_mb": "--memory-mb",
     "max_output_kb": "--max-output-kb",

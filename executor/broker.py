@@ -67,6 +67,7 @@ from executor.calls import MAX_QUEUE_BYTES, RESULT_CACHE_BYTES, AtMostOnce, fing
 from executor.endpoint import EndpointError, RouterEndpoint
 from executor.fairqueue import FairQueue
 from executor.journal import Journal
+from executor.limits import requested_timeout
 from executor.metrics import CallStats, MetricsServer
 from protocol import (
     Bye,
@@ -188,6 +189,7 @@ class Broker:
         cache_bytes: int = RESULT_CACHE_BYTES,
         apply_grace: float = APPLY_GRACE,
         max_executor_capacity: int = BROKER_CAPACITY,
+        max_timeout: float = MAX_TIMEOUT_S,
     ) -> None:
         self.frontend_endpoint = frontend
         self.backend_endpoint = backend
@@ -203,6 +205,7 @@ class Broker:
         self.state_dir = state_dir
         self.apply_grace = apply_grace  # the most a call's answer may come after its deadline for its writes
         self.max_executor_capacity = max_executor_capacity
+        self.max_timeout = max_timeout  # a ceiling on every call's timeout in the pool (--max-timeout)
         self.journal: Journal | None = None
         self.broker_id = "broker-" + uuid.uuid4().hex[:8]
         digest = hashlib.sha256(frontend.encode()).digest()
@@ -398,16 +401,21 @@ class Broker:
         self._dispatch()
 
     def welcome(self) -> Welcome:
-        """The pool as one executor: every tool, the longest default timeout, all the workers, and the
-        apply grace of its executors, at most the broker's own (which it enforces, section 12)."""
+        """The pool as one executor: every tool, the longest default timeout, all the workers, the
+        apply grace of its executors, at most the broker's own (which it enforces, section 12), and
+        the longest any call runs (the broker's ceiling, or less if every executor's is less)."""
         members = list(self.members.values())
         limits = max((m.ready.limits for m in members), key=lambda lim: lim.timeout_s, default=Limits())
+        if limits.timeout_s > self.max_timeout:
+            limits = limits.model_copy(update={"timeout_s": self.max_timeout})
         profiles = {m.ready.profile for m in members}
         return Welcome(executor=self.broker_id, incarnation=self.incarnation,
                        tools=[self.specs[n] for n in sorted(self.specs)], limits=limits,
                        workers=sum(m.capacity for m in members),
                        profile=profiles.pop() if len(profiles) == 1 else "mixed" if profiles else "default",
-                       apply_grace_s=min(self.apply_grace, max((m.ready.apply_grace_s for m in members), default=0.0)))
+                       apply_grace_s=min(self.apply_grace, max((m.ready.apply_grace_s for m in members), default=0.0)),
+                       max_timeout_s=min(self.max_timeout, max((m.ready.max_timeout_s for m in members),
+                                                               default=self.max_timeout)))
 
     def _answer_hellos(self, now: float) -> None:
         if not self.hellos:
@@ -504,10 +512,8 @@ class Broker:
         return outcome is not None
 
     def _timeout(self, call: Call, spec: ToolSpec | None) -> float:
-        for t in (call.timeout, spec.timeout if spec else None):
-            if t is not None and 0 < t < float("inf"):
-                return t
-        return self.welcome_timeout()
+        """How long a call may wait in the queue: the timeout it asks for, at most the ceiling."""
+        return min(requested_timeout(self.welcome_timeout(), spec, call), self.max_timeout)
 
     def welcome_timeout(self) -> float:
         return max((m.ready.limits.timeout_s for m in self.members.values()), default=Limits().timeout_s)
@@ -567,7 +573,7 @@ class Broker:
         member.running[job.call.id or ""] = job
         if self.journal is not None:
             self.journal.record(job.call.id or "", member.id)
-        self._send_frames_backend(member.route, job.frames)
+        self._send_frames_backend(member.route, self._frames_for(job, member))
 
     def _expire_queued(self, now: float) -> None:
         """A call that waited in the queue for its whole timeout is answered: it did not run."""
@@ -609,11 +615,19 @@ class Broker:
 
     def _timeout_on(self, job: Job, member: Member) -> float:
         """The timeout ``member`` applies to ``job``: the call's, else the tool's, else its default
-        (as ``executor.limits.effective_limits``); at most a day, whatever it announced."""
-        for t in (job.call.timeout, job.spec.timeout if job.spec else None, member.ready.limits.timeout_s):
-            if t is not None and 0 < t < float("inf"):
-                return min(t, MAX_TIMEOUT_S)
-        return Limits().timeout_s
+        (``executor.limits.requested_timeout``), at most its own ceiling and the broker's, whatever
+        it announced (``_frames_for`` tells it the broker's)."""
+        asked = requested_timeout(member.ready.limits.timeout_s, job.spec, job.call)
+        return min(asked, member.ready.max_timeout_s, self.max_timeout)
+
+    def _frames_for(self, job: Job, member: Member) -> list[bytes]:
+        """The call as ``member`` is sent it: as the client sent it, unless the timeout it would run
+        under on its own is over the broker's ceiling; then with that ceiling as its timeout (the same
+        body each time it is sent there, so that a resend of its id matches, section 8)."""
+        own = min(requested_timeout(member.ready.limits.timeout_s, job.spec, job.call), member.ready.max_timeout_s)
+        if own <= self.max_timeout:
+            return job.frames
+        return _encode(job.call.model_copy(update={"timeout": self.max_timeout}))
 
     # ---------------------------------------------------------------- executors
 
@@ -690,7 +704,7 @@ class Broker:
             self._drop_silently_replaced(old)
         self.members[route] = member
         for job in moved:  # it holds them (in ``held``): it joins the running call or answers from its cache
-            self._send_frames_backend(route, job.frames)
+            self._send_frames_backend(route, self._frames_for(job, member))
         for name, spec in ((t.name, t) for t in ready.tools):
             self.specs.setdefault(name, spec)
         for cid in ready.held:
@@ -700,6 +714,9 @@ class Broker:
         clamped = f" (announced {ready.capacity}, clamped)" if member.capacity < ready.capacity else ""
         log.info("executor %r joined: %d tools, capacity %d%s, holding %d calls", ready.executor, len(ready.tools),
                  member.capacity, clamped, len(ready.held))
+        if ready.limits.timeout_s > self.max_timeout:
+            log.info("executor %r: its default timeout of %g s is cut to the broker's --max-timeout, %g s",
+                     ready.executor, ready.limits.timeout_s, self.max_timeout)
         self._answer_hellos(now)
 
     def _may_take_over(self, route: bytes, holder: Member, now: float) -> bool:
@@ -918,11 +935,13 @@ class Broker:
             executors.append(ExecutorStatus(
                 executor=m.id, incarnation=m.ready.incarnation, tools=sorted(m.tool_names),
                 capacity=m.capacity, busy=len(m.running), served=m.stats.served,
-                worker_restarts=m.stats.worker_restarts, idle_s=round(now - m.last_heard, 3)))
+                worker_restarts=m.stats.worker_restarts, idle_s=round(now - m.last_heard, 3),
+                max_timeout_s=min(m.ready.max_timeout_s, self.max_timeout)))
         return Report(role="broker", id=self.broker_id, incarnation=self.incarnation,
                       uptime_s=round(now - self.started, 3), capacity=sum(e.capacity for e in executors),
                       busy=sum(e.busy for e in executors), queued=len(self.waiting), served=self.stats.served,
-                      worker_restarts=sum(e.worker_restarts for e in executors), executors=executors,
+                      worker_restarts=sum(e.worker_restarts for e in executors), max_timeout_s=self.max_timeout,
+                      executors=executors,
                       tools=self.stats.tool_stats())
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from executor.privacy import reexec_without_secrets
 from protocol import Limits
 from protocol.environment import check_pass_env
+from protocol.messages import MAX_TIMEOUT_S
 
 DESCRIPTION = """\
 Run tool calls for ciayn-sandbox controllers, each in a supervised worker process under resource
@@ -67,8 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--pass-env", action="append", default=[], metavar="NAME",
                        help="hand this environment variable to tools (repeatable; NAME_* for a prefix). Tools "
                        "see only PATH, HOME, LANG, LC_*, TZ, TMPDIR and these; never the executor's secrets")
-    serve.add_argument("--timeout", type=_positive(float), default=d.timeout_s,
-                       help=f"default wall-clock limit per call, seconds (default: {d.timeout_s:g})")
+    serve.add_argument("--timeout", type=_positive(float), default=None, metavar="S",
+                       help="wall-clock limit of a call that sets none, seconds: a call's own timeout wins over "
+                       "its tool's @tool(timeout=...), which wins over this one; each may be longer or shorter "
+                       f"(default: {d.timeout_s:g}, or --max-timeout if less)")
+    serve.add_argument("--max-timeout", type=_positive(float), default=None, metavar="S",
+                       help="the longest any call may run, seconds: a ceiling on every timeout, whether the "
+                       "call, its tool or --timeout set it; a call asking for more runs under this one and its "
+                       f"timeout error says so. Reported in hello and status (default: {MAX_TIMEOUT_S:g}, a day)")
     serve.add_argument("--cpu-s", type=_positive(float), default=None,
                        help="CPU seconds per call (default: the timeout plus 1)")
     serve.add_argument("--memory-mb", type=_positive(int), default=d.memory_mb,
@@ -210,6 +217,11 @@ def _add_broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                         help="calls sent to one executor at once, at most, whatever workers it announces: a lying "
                         "executor cannot draw every call to itself (at most "
                         f"{MAX_CAPACITY}; default: {BROKER_CAPACITY})")
+    broker.add_argument("--max-timeout", type=_positive(float), default=None, metavar="S",
+                        help="the longest any call may run in the pool, seconds: a ceiling on every timeout, whether "
+                        "the call, its tool or an executor's default set it (an executor's announced default is "
+                        "trusted only up to it); a call asking for more is sent to its executor with this timeout. "
+                        f"Reported in hello and status (default: {MAX_TIMEOUT_S:g}, a day)")
     broker.add_argument("--metrics-port", metavar="[HOST:]PORT",
                         help="serve Prometheus metrics over HTTP on this port (127.0.0.1 unless HOST is given)")
     broker.add_argument("--state-dir", metavar="DIR",
@@ -263,6 +275,17 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def _timeouts_disagree(timeout: float | None, max_timeout: float | None) -> str:
+    """Why a --timeout and a --max-timeout cannot both hold (a default over its ceiling), or ""."""
+    for flag, value in (("--timeout", timeout), ("--max-timeout", max_timeout)):
+        if value is not None and value > MAX_TIMEOUT_S:
+            return f"{flag} must be at most {MAX_TIMEOUT_S:g} seconds (a day), got {value:g}"
+    if timeout is not None and max_timeout is not None and timeout > max_timeout:
+        return (f"--timeout {timeout:g} is over --max-timeout {max_timeout:g}: the default of a call cannot be "
+                "longer than the longest any call may run")
+    return ""
+
+
 def _serve(args: argparse.Namespace) -> int:
     if args.workspace and not os.path.isdir(args.workspace):
         print(f"ciayn-executor: workspace {args.workspace!r} is not a directory", file=sys.stderr)
@@ -281,6 +304,9 @@ def _serve(args: argparse.Namespace) -> int:
         print("ciayn-executor: with --connect, --curve-secret needs --curve-server-key (the broker's public key)",
               file=sys.stderr)
         return 2
+    if bad := _timeouts_disagree(args.timeout, args.max_timeout):
+        print(f"ciayn-executor: {bad}", file=sys.stderr)
+        return 2
     try:
         check_pass_env(args.pass_env)
     except ValueError as e:
@@ -297,8 +323,9 @@ def _serve(args: argparse.Namespace) -> int:
 
         if code := start_hardened(args):  # refuses, or runs the selfcheck and makes the profile active
             return code
-    limits = Limits(timeout_s=args.timeout, cpu_s=args.cpu_s, memory_mb=args.memory_mb,
-                    max_output_kb=args.max_output_kb, max_result_kb=args.max_result_kb,
+    max_timeout = args.max_timeout or MAX_TIMEOUT_S
+    limits = Limits(timeout_s=args.timeout or min(Limits().timeout_s, max_timeout), cpu_s=args.cpu_s,
+                    memory_mb=args.memory_mb, max_output_kb=args.max_output_kb, max_result_kb=args.max_result_kb,
                     processes=args.max_processes)
     from executor.spawn import early_template
 
@@ -309,7 +336,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     supervisor = Supervisor(
         args.tools, args.connect or args.bind, connect=bool(args.connect), curve_server_key=args.curve_server_key,
-        metrics=args.metrics_port, limits=limits, workers=args.workers, max_queue=args.max_queue,
+        metrics=args.metrics_port, limits=limits, max_timeout=max_timeout, workers=args.workers,
+        max_queue=args.max_queue,
         workspace=args.workspace, parent_pid=args.parent_pid, profile=args.profile,
         use_cgroups=not args.no_cgroups, curve_secret=args.curve_secret, curve_clients=args.curve_clients,
         reuse_workers=args.reuse_workers, pass_env=args.pass_env, insecure=args.insecure,
@@ -324,7 +352,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _broker(args: argparse.Namespace) -> int:
     from executor.broker import Broker, BrokerError
-    from protocol.messages import MAX_CAPACITY, MAX_TIMEOUT_S
+    from protocol.messages import MAX_CAPACITY
 
     if (args.curve_clients or args.curve_executors) and not args.curve_secret:
         print("ciayn-executor: --curve-clients and --curve-executors need --curve-secret (the broker's own key)",
@@ -338,6 +366,9 @@ def _broker(args: argparse.Namespace) -> int:
         print(f"ciayn-executor: --apply-grace must be between 0 and {MAX_TIMEOUT_S:g} seconds, got {args.apply_grace}",
               file=sys.stderr)
         return 2
+    if bad := _timeouts_disagree(None, args.max_timeout):
+        print(f"ciayn-executor: {bad}", file=sys.stderr)
+        return 2
     if args.max_executor_capacity > MAX_CAPACITY:
         print(f"ciayn-executor: --max-executor-capacity must be at most {MAX_CAPACITY} (what a `ready` may announce), "
               f"got {args.max_executor_capacity}", file=sys.stderr)
@@ -346,7 +377,8 @@ def _broker(args: argparse.Namespace) -> int:
                     curve_executors=args.curve_executors, max_queue=args.max_queue, recovery_s=args.recovery_s,
                     max_queue_bytes=args.max_queue_mb * 1024**2, cache_bytes=args.result_cache_mb * 1024**2,
                     metrics=args.metrics_port, insecure=args.insecure, state_dir=args.state_dir,
-                    apply_grace=args.apply_grace, max_executor_capacity=args.max_executor_capacity)
+                    apply_grace=args.apply_grace, max_executor_capacity=args.max_executor_capacity,
+                    max_timeout=args.max_timeout or MAX_TIMEOUT_S)
     try:
         return broker.serve()
     except BrokerError as e:

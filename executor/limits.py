@@ -1,7 +1,9 @@
 """Applying a ``Limits`` value to a worker: the one place rlimits are set.
 
 Limits arrive as one ``protocol.Limits`` value, built from the command line defaults, a tool's own
-timeout and a call's own timeout (``effective_limits``). In the worker, per-process limits (open
+timeout and a call's own timeout, cut to the operator's ceiling (``--max-timeout``) whichever of
+them set it (``effective_limits``; the broker combines them with ``requested_timeout`` too). In the
+worker, per-process limits (open
 files, file size, core dumps) are set once at start, and per-call limits (CPU seconds, memory) before
 each call. The wall-clock timeout is not an rlimit: the supervisor enforces it by killing the worker.
 
@@ -22,23 +24,32 @@ import math
 import resource
 
 from protocol import Call, Limits, ToolSpec
+from protocol.messages import MAX_TIMEOUT_S
 
 _INF = resource.RLIM_INFINITY
 _RLIM_MAX = 2**63 - 1  # setrlimit refuses larger values (OverflowError), which would kill the worker
 
 
-def effective_limits(defaults: Limits, spec: ToolSpec | None, call: Call | None) -> Limits:
-    """Command-line defaults, overridden by the tool's timeout, overridden by the call's timeout.
+def requested_timeout(default: float, spec: ToolSpec | None, call: Call | None) -> float:
+    """The timeout a call asks for (SPEC.md section 7): its own, else its tool's, else ``default``.
     A timeout that is not a positive finite number (inf, nan, 0) overrides nothing: every call has a
     deadline."""
-    timeout = defaults.timeout_s
+    timeout = default
     if spec is not None and spec.timeout is not None and _usable(spec.timeout):
         timeout = spec.timeout
     if call is not None and call.timeout is not None and _usable(call.timeout):
         timeout = call.timeout
+    return float(timeout)
+
+
+def effective_limits(defaults: Limits, spec: ToolSpec | None, call: Call | None,
+                     max_timeout: float = MAX_TIMEOUT_S) -> Limits:
+    """Command-line defaults, overridden by the tool's timeout, overridden by the call's timeout; the
+    timeout at most ``max_timeout`` (``--max-timeout``: a ceiling, not a default), whoever asked."""
+    timeout = min(requested_timeout(defaults.timeout_s, spec, call), max_timeout)
     if timeout == defaults.timeout_s:
         return defaults
-    return defaults.model_copy(update={"timeout_s": float(timeout)})
+    return defaults.model_copy(update={"timeout_s": timeout})
 
 
 def _usable(timeout: float) -> bool:

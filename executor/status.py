@@ -70,7 +70,7 @@ def render(report: Report) -> str:
     lines = [
         f"{report.role} {report.id}  up {_duration(report.uptime_s)}  capacity {report.capacity}  "
         f"busy {report.busy}  queued {report.queued}  served {report.served}  "
-        f"worker restarts {report.worker_restarts}",
+        f"worker restarts {report.worker_restarts}  max timeout {report.max_timeout_s:g}s",
         "",
         f"{'EXECUTOR':<14} {'CAPACITY':>8} {'BUSY':>5} {'QUEUED':>6} {'SERVED':>8} {'RESTARTS':>8} {'IDLE':>6}  TOOLS",
     ]

@@ -23,7 +23,7 @@ import zmq
 from executor import hardening
 from executor.calls import MAX_QUEUE_BYTES, MAX_QUEUE_WAIT, CallTable, Job, fingerprint
 from executor.endpoint import ClientSide, EndpointError, RouterEndpoint
-from executor.limits import effective_limits
+from executor.limits import effective_limits, requested_timeout
 from executor.link import BrokerLink
 from executor.metrics import CallStats, MetricsServer
 from executor.pool import StartStopped, StartupError, WorkerPool
@@ -48,6 +48,7 @@ from protocol import (
     encode,
 )
 from protocol.curve import CurveError, load_pair, load_public
+from protocol.messages import MAX_TIMEOUT_S
 from protocol.timing import APPLY_GRACE, HELD_RECENT
 from protocol.wire import LogBudget
 
@@ -63,6 +64,7 @@ class Supervisor:
         endpoint: str,
         *,
         limits: Limits,
+        max_timeout: float = MAX_TIMEOUT_S,
         workers: int = 1,
         max_queue: int = 256,
         workspace: str | None = None,
@@ -93,6 +95,7 @@ class Supervisor:
         self.stats = CallStats()
         self.started = time.monotonic()
         self.limits = limits
+        self.max_timeout = max_timeout  # a ceiling on every call's timeout, whoever set it (--max-timeout)
         self.workspace = workspace
         self.parent_pid = parent_pid
         self.profile = profile
@@ -162,10 +165,12 @@ class Supervisor:
         self.pool.attach(poller)
         limits = self.limits
         log.info(
-            "serving %d tools on %s (workers: %d %s, profile: %s, timeout %.0fs, memory %d MB, cgroups: %s)",
+            "serving %d tools on %s (workers: %d %s, profile: %s, timeout %gs%s, memory %d MB, cgroups: %s)",
             len(self.pool.specs), self.clients.describe(), self.pool.size,
             "reused (tools are trusted)" if self.pool.config.reuse else "fresh per call",
-            self.profile, limits.timeout_s, limits.memory_mb, self.pool.cgroups or "none (rlimits and subreaper only)",
+            self.profile, limits.timeout_s,
+            f" (at most {self.max_timeout:g}s, whoever asks)" if self.max_timeout < MAX_TIMEOUT_S else "",
+            limits.memory_mb, self.pool.cgroups or "none (rlimits and subreaper only)",
         )
         try:
             self._loop(poller, wake_r, parent_fd)
@@ -192,7 +197,7 @@ class Supervisor:
         held = list(self.calls.jobs) + list(self.calls.cache)[-HELD_RECENT:]
         return Ready(executor=self.executor_id, incarnation=self.incarnation, tools=list(self.pool.specs.values()),
                      limits=self.limits, capacity=self.pool.size, profile=self.profile, held=held,
-                     apply_grace_s=self._apply_grace())
+                     apply_grace_s=self._apply_grace(), max_timeout_s=self.max_timeout)
 
     @staticmethod
     def _apply_grace() -> float:
@@ -203,10 +208,12 @@ class Supervisor:
         """The answer to ``status`` (and what ``--metrics-port`` exports)."""
         me = ExecutorStatus(executor=self.executor_id, incarnation=self.incarnation, tools=sorted(self.pool.specs),
                             capacity=self.pool.size, busy=self.pool.busy(), queued=len(self.calls.queue),
-                            served=self.stats.served, worker_restarts=self.stats.worker_restarts)
+                            served=self.stats.served, worker_restarts=self.stats.worker_restarts,
+                            max_timeout_s=self.max_timeout)
         return Report(role="executor", id=self.executor_id, incarnation=self.incarnation,
                       uptime_s=round(now - self.started, 3), capacity=me.capacity, busy=me.busy, queued=me.queued,
-                      served=me.served, worker_restarts=me.worker_restarts, executors=[me],
+                      served=me.served, worker_restarts=me.worker_restarts, max_timeout_s=self.max_timeout,
+                      executors=[me],
                       tools=self.stats.tool_stats())
 
     def _watch_parent(self) -> int | None:
@@ -286,7 +293,7 @@ class Supervisor:
                 self._send(route, Welcome(executor=self.executor_id, incarnation=self.incarnation,
                                           tools=list(self.pool.specs.values()), limits=self.limits,
                                           workers=self.pool.size, profile=self.profile,
-                                          apply_grace_s=self._apply_grace()))
+                                          apply_grace_s=self._apply_grace(), max_timeout_s=self.max_timeout))
             elif isinstance(msg, Cancel):
                 self._on_cancel(route, msg.id)
             elif isinstance(msg, Status):
@@ -332,13 +339,24 @@ class Supervisor:
         except BindError as e:
             self._refuse(route, Result.failure(cid, "bad_arguments", f"{e}; signature: {spec.name}{spec.signature}"))
             return
-        job = Job(call=call, call_id=cid, waiters=[route], limits=effective_limits(self.limits, spec, call),
-                  size=size, digest=digest)
+        job = Job(call=call, call_id=cid, waiters=[route], size=size, digest=digest,
+                  limits=effective_limits(self.limits, spec, call, self.max_timeout))
         refusal = self.calls.admit(job, time.monotonic())
         if refusal is not None:
             self._refuse(route, refusal)
             return
         self.pool.dispatch()  # what waited too long in the queue is answered on the loop's next turn
+
+    def _name_the_ceiling(self, job: Job, result: Result) -> None:
+        """A call that ran into ``--max-timeout`` and not the timeout it asked for is told so."""
+        assert result.error is not None
+        spec = self.pool.specs.get(job.call.tool)
+        asked = requested_timeout(self.limits.timeout_s, spec, job.call)
+        if asked > self.max_timeout:
+            source = ("its own timeout" if job.call.timeout is not None and asked == job.call.timeout
+                      else "its tool's timeout" if spec is not None and asked == spec.timeout else "the default")
+            result.error.message += (f"; {source} was {asked:g} s, but this executor runs no call longer than "
+                                     f"{self.max_timeout:g} s (--max-timeout)")
 
     def _refuse(self, route: bytes, result: Result) -> None:
         """Answer a call that is not run; refusals are not remembered (SPEC.md section 8)."""
@@ -372,6 +390,8 @@ class Supervisor:
 
     def _finish(self, job: Job, result: Result) -> None:
         self.calls.done(job)
+        if result.error is not None and result.error.kind == "timeout":
+            self._name_the_ceiling(job, result)
         frames = self._encode(result)
         self.calls.remember(result.id, frames, job.waiters[0])
         status = "ok" if result.ok else f"{result.error.kind if result.error else '?'}"

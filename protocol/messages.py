@@ -60,7 +60,8 @@ def _id_required(schema: dict[str, Any]) -> None:
 
 class Limits(Body):
     """The resource limits of one call, as one value: defaults from the command line, a tool's own
-    override, then the call's own timeout. Reported back in every result."""
+    override, then the call's own timeout, cut to the executor's ceiling (``max_timeout_s``). Reported
+    back in every result."""
 
     timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False,
                              description="wall-clock limit of a call, seconds; the worker is killed at it")
@@ -224,6 +225,9 @@ class Welcome(Body):
     apply_grace_s: float = Field(default=0.0, ge=0, le=MAX_TIMEOUT_S,
                                  description="how much longer than its timeout a call may take to answer because its "
                                  "writes are being applied (hardened --workspace-rw); a client adds it to its deadline")
+    max_timeout_s: float = Field(default=MAX_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
+                                 description="the longest any call runs here, seconds (--max-timeout): a call's, its "
+                                 "tool's or the default timeout over it is cut to it")
 
 
 class Ping(Body):
@@ -270,6 +274,9 @@ class Ready(Body):
                                  description="how much longer than its timeout a call may take to answer because its "
                                  "writes are being applied (hardened --workspace-rw); a broker grants at most its own "
                                  "--apply-grace, and only to a call the executor says it is applying (heartbeat)")
+    max_timeout_s: float = Field(default=MAX_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
+                                 description="the longest any call runs on it, seconds (its --max-timeout); a broker "
+                                 "applies at most its own --max-timeout too")
     held: list[str] = Field(default_factory=list, max_length=65536,
                             description="ids of calls queued, running or answered lately")
 
@@ -336,6 +343,8 @@ class ExecutorStatus(Body):
     served: int = Field(default=0, description="calls answered")
     worker_restarts: int = Field(default=0, description="workers replaced after a call cost them")
     idle_s: float = Field(default=0.0, description="seconds since the broker last heard from it")
+    max_timeout_s: float = Field(default=MAX_TIMEOUT_S, description="the longest any call runs on it, seconds "
+                                 "(its --max-timeout)")
 
 
 class Report(Body):
@@ -352,6 +361,8 @@ class Report(Body):
     queued: int = Field(default=0, description="calls waiting")
     served: int = Field(default=0, description="calls answered")
     worker_restarts: int = Field(default=0, description="workers replaced after a call cost them")
+    max_timeout_s: float = Field(default=MAX_TIMEOUT_S, description="the longest any call runs there, seconds "
+                                 "(--max-timeout; for a broker, its own)")
     executors: list[ExecutorStatus] = Field(default_factory=list, description="the executors behind it")
     tools: list[ToolStats] = Field(default_factory=list, description="per-tool figures")
 

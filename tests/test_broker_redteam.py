@@ -331,6 +331,31 @@ def test_a_lying_executor_cannot_hold_calls_far_past_their_timeout(
     assert sorted(c.id for c in cancels if c is not None) == sorted(c.id for c in sent if c is not None)
 
 
+def test_an_executors_announced_default_timeout_is_trusted_only_up_to_the_brokers_ceiling(
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[FakeExecutor]) -> None:
+    """The liar announces a default timeout of an hour and never answers. With --max-timeout 1 the
+    broker sends it the call with a 1 s timeout, answers the client `timeout` itself at 1 s plus 2 s
+    (not after an hour), and its welcome says neither more than 1 s."""
+    pool.start_broker("--max-timeout", "1")
+    liar = _fake(fakes, ctx, pool, Ready(executor="liar", incarnation=1, tools=[ECHO], limits=Limits(timeout_s=3600)))
+    _members(pool, 1)
+    _serving(ctx, pool)
+    sock = _client(ctx, pool.frontend)
+    sock.send_multipart(encode(Hello(client="redteam")))
+    welcome = _recv(sock, Welcome)
+    assert welcome is not None and welcome.limits.timeout_s == 1.0 and welcome.max_timeout_s == 1.0, welcome
+    started = time.monotonic()
+    sock.send_multipart(encode(Call(id="ceiling-1", tool="echo", args=[1])))  # no timeout: the default's
+    sent = liar.expect(Call)
+    result = _recv(sock, Result)
+    took = time.monotonic() - started
+    sock.close(0)
+    assert sent is not None and sent.id == "ceiling-1" and sent.timeout == 1.0, sent
+    assert result is not None and result.error is not None and result.error.kind == "timeout", result
+    assert "'liar' did not answer within the call's timeout (1 s)" in result.error.message, result.error
+    assert took < 1.0 + 2.0 + 2.0, f"answered after {took:.1f} s"  # timeout + RESULT_GRACE + a loaded machine
+
+
 def test_an_executor_applying_a_calls_writes_gets_the_brokers_apply_grace_and_no_more(
         pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[FakeExecutor]) -> None:
     """The executor announces a day of apply grace, and says in a heartbeat that it is applying the
