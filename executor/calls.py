@@ -25,10 +25,9 @@ import math
 import time
 from dataclasses import dataclass, field
 
-import msgpack
-
 from executor.fairqueue import FairQueue
 from protocol import Call, Limits, Result
+from protocol.fingerprint import resend_key
 
 RESULT_CACHE_BYTES = 128 * 1024 * 1024  # encoded results kept to answer resent ids
 MAX_EXECUTED_IDS = 1_000_000  # ids remembered as run (about 120 bytes each)...
@@ -102,8 +101,10 @@ def _any_worker(job: Job) -> bool:
 
 
 def fingerprint(call: Call) -> tuple[int, int]:
-    """(encoded size, 48-bit digest) of what makes a call that call: tool, arguments and timeout."""
-    packed = msgpack.packb([call.tool, call.args, call.kwargs, call.timeout], use_bin_type=True)
+    """(encoded size, 48-bit digest) of what makes a call that call: tool, arguments and timeout,
+    written canonically (``protocol.fingerprint.resend_key``: key order and how a number was
+    encoded do not matter, its type does), so that a resend matches however its sender wrote it."""
+    packed = resend_key(call)
     return len(packed), _digest48(hash(packed))
 
 

@@ -5,7 +5,7 @@ bodies and their codec. It imports nothing from ``controller`` or ``executor``. 
 """
 
 from protocol.codec import MAX_FRAME_BYTES, VERSION, ProtocolError, decode, encode
-from protocol.fingerprint import fingerprint
+from protocol.fingerprint import fingerprint, resend_key
 from protocol.grammar import CallRejected, parse_call, parse_calls, split_think, strip_markup
 from protocol.messages import (
     ERROR_KINDS,
@@ -75,6 +75,7 @@ __all__ = [
     "fingerprint",
     "parse_call",
     "parse_calls",
+    "resend_key",
     "split_think",
     "strip_markup",
 ]

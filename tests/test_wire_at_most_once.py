@@ -138,7 +138,7 @@ def test_calls_the_client_gives_up_on_are_cancelled_at_the_executor(
     """The executor is frozen past UNAVAILABLE_AFTER: the client answers both calls ``unavailable``
     and cancels them, so once thawed the queued one never runs. Before: no cancel was sent and the
     queued call ran later, unseen."""
-    client = make_client(workers=1)
+    client = make_client(workers=1, log_level="debug")  # each answered call is logged (at debug)
     local = local_of(client)
     assert local.proc is not None
     started = tmp_path / "started.log"
