@@ -67,8 +67,8 @@ from executor.calls import MAX_QUEUE_BYTES, RESULT_CACHE_BYTES, AtMostOnce, fing
 from executor.endpoint import EndpointError, RouterEndpoint
 from executor.fairqueue import FairQueue
 from executor.journal import Journal
-from executor.limits import requested_timeout
 from executor.metrics import CallStats, MetricsServer
+from executor.workers.limits import requested_timeout
 from protocol import (
     Bye,
     Call,
@@ -615,7 +615,7 @@ class Broker:
 
     def _timeout_on(self, job: Job, member: Member) -> float:
         """The timeout ``member`` applies to ``job``: the call's, else the tool's, else its default
-        (``executor.limits.requested_timeout``), at most its own ceiling and the broker's, whatever
+        (``executor.workers.limits.requested_timeout``), at most its own ceiling and the broker's, whatever
         it announced (``_frames_for`` tells it the broker's)."""
         asked = requested_timeout(member.ready.limits.timeout_s, job.spec, job.call)
         return min(asked, member.ready.max_timeout_s, self.max_timeout)

@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from executor.privacy import reexec_without_secrets
+from executor.workers.privacy import reexec_without_secrets
 from protocol import Limits
 from protocol.environment import check_pass_env
 from protocol.messages import MAX_TIMEOUT_S
@@ -327,7 +327,7 @@ def _serve(args: argparse.Namespace) -> int:
     limits = Limits(timeout_s=args.timeout or min(Limits().timeout_s, max_timeout), cpu_s=args.cpu_s,
                     memory_mb=args.memory_mb, max_output_kb=args.max_output_kb, max_result_kb=args.max_result_kb,
                     processes=args.max_processes)
-    from executor.spawn import early_template
+    from executor.workers.spawn import early_template
 
     # The template is forked now, before the supervisor's own modules (ZeroMQ, asyncio, ssl, ...)
     # are imported: every worker is a copy of it, and each megabyte it maps is copied per call.

@@ -26,7 +26,7 @@ Layer order (each relies on the ones before it):
 
 =============  =====================================================================================
 pid-ns         own PID namespace: sees only itself; killing its init (the worker) ends all it started
-cgroups        memory/pids groups (``executor.cgroups``) checked, plus a CPU-rate group made here
+cgroups        memory/pids groups (``executor.workers.cgroups``) checked, plus a CPU-rate group made here
 mount-ns       own mount namespace (private propagation: nothing reaches the host)
 net-ns         own network namespace with loopback down: no route, TCP/UDP/DNS fail
 ipc-ns, uts-ns own System V IPC and hostname
@@ -70,7 +70,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from executor import cgroups, overlay
+from executor import overlay
+from executor.workers import cgroups
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -350,7 +351,7 @@ def _apply_identity(sb: Sandbox) -> None:
 
 
 # Limits the executor does not set per call: clamped here (hard = soft) so no tool can lift them.
-# CPU, data, file size, open files and core are the call limits' (``executor.limits``).
+# CPU, data, file size, open files and core are the call limits' (``executor.workers.limits``).
 FIXED_RLIMITS = ("RLIMIT_STACK", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_MEMLOCK", "RLIMIT_MSGQUEUE",
                  "RLIMIT_NICE", "RLIMIT_RTPRIO", "RLIMIT_RTTIME", "RLIMIT_SIGPENDING", "RLIMIT_LOCKS")
 
@@ -811,7 +812,7 @@ class Sandbox:
 
 
 def _channel_fd() -> int:
-    """The worker's channel: the one socket it holds (``executor.worker`` closed every other
+    """The worker's channel: the one socket it holds (``executor.workers.worker`` closed every other
     descriptor but stdio before entering the sandbox)."""
     sockets = []
     for name in os.listdir("/proc/self/fd"):

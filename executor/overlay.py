@@ -63,11 +63,13 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple, NoReturn
 
-from executor import framing
-from executor.channel import Applying, CallRequest, ChannelError, Reply, Started
-from executor.procfs import PF_EXITING, stat_fields
+from executor.workers import framing
+from executor.workers.channel import Applying, CallRequest, ChannelError, Reply, Started, reply_cap
+from executor.workers.processes import kill_children
+from executor.workers.procfs import PF_EXITING, stat_fields
 from protocol import Limits
 from protocol.codec import unpack
+from protocol.timing import APPLY_GRACE
 
 MB = 1024 * 1024
 BLOCK = 4096  # every name counts at least this much (and sizes are rounded up to it): bounds files too
@@ -705,7 +707,7 @@ def _write_tally(path: str | None, size: int | None) -> None:
 
 
 class _Frames:
-    """Splits a byte stream of length-prefixed frames (``executor.framing``) without decoding it,
+    """Splits a byte stream of length-prefixed frames (``executor.workers.framing``) without decoding it,
     so frames can be forwarded byte for byte."""
 
     def __init__(self) -> None:
@@ -748,12 +750,6 @@ def _has_children(pid: int) -> bool:
     return False
 
 
-def _reply_cap(limits: Limits) -> int:
-    from executor.worker import reply_cap  # imported late: executor.worker imports this module's importer
-
-    return reply_cap(limits)
-
-
 def _is_start(frame: bytes) -> bool:
     try:
         return Started.from_wire(_decode(frame) or {}) is not None
@@ -791,7 +787,7 @@ class Keeper:
                  quota: int, max_result_kb: int, pid_namespace: bool = True, tally: str | None = None) -> None:
         self.chan, self.inner, self.child = chan, inner, child
         self.upper, self.workspace, self.quota, self.tally = upper, workspace, quota, tally
-        self.cap = _reply_cap(Limits(max_result_kb=max_result_kb))
+        self.cap = reply_cap(Limits(max_result_kb=max_result_kb))
         self.request: CallRequest | None = None
         self.from_supervisor = _Frames()
         self.from_child = _Frames()
@@ -838,8 +834,6 @@ class Keeper:
         down), is left until after the answer. With a child, it is killed with its namespace and
         waited for. Returns its wait status if it is gone already, else None."""
         if not self.pid_namespace:  # what it started is not bound to it: kill all (orphans come to us)
-            from executor.worker import kill_children
-
             kill_children(wait=STOP_WAIT)
             return None
         with contextlib.suppress(ProcessLookupError):
@@ -865,7 +859,7 @@ class Keeper:
             with contextlib.suppress(ValueError):  # ChannelError, pydantic's ValidationError
                 self.request = CallRequest.from_wire(_decode(frame))
                 if self.request.limits:
-                    self.cap = _reply_cap(Limits.model_validate(self.request.limits))
+                    self.cap = reply_cap(Limits.model_validate(self.request.limits))
         with contextlib.suppress(OSError):  # a dead child: its exit is seen on the pidfd
             self.inner.sendall(data)
         return True
@@ -915,8 +909,6 @@ class Keeper:
         flight (a death after its answer does not undo it), then forward its frames."""
         reply = self._reply()
         if reply is not None:
-            from protocol.timing import APPLY_GRACE  # imported late, like _reply_cap's (loaded already in a worker)
-
             try:
                 problem = commit(self.upper, self.workspace, self.quota, self.tally,
                                  announce=lambda: self._announce(reply.seq), within=APPLY_GRACE - APPLY_MARGIN)

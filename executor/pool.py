@@ -11,7 +11,7 @@ It also keeps the template honest: a template that dies, or that does not answer
 time (stopped, wedged), is killed and replaced; the calls it owed are answered. A worker that does
 not die when killed (uninterruptible sleep) has its call answered on time anyway and is abandoned.
 
-It never runs tool code (the template and workers, in ``executor.worker``, do) and knows nothing of
+It never runs tool code (the template and workers, in ``executor.workers.worker``, do) and knows nothing of
 clients: finished calls go to ``on_done``, and it asks ``next_job`` for work whenever it can run some.
 """
 
@@ -31,9 +31,10 @@ from typing import Any
 
 import zmq
 
-from executor import framing, hardening, pidns, procfs, spawn
+from executor import hardening
 from executor.calls import Job
-from executor.channel import (
+from executor.workers import framing, pidns, procfs, spawn
+from executor.workers.channel import (
     Applying,
     CallRequest,
     ChannelError,
@@ -48,9 +49,11 @@ from executor.channel import (
     Sweep,
     TemplateMessage,
     ToolsLoaded,
+    reply_cap,
     template_message,
 )
-from executor.worker import SHUTDOWN_WAIT, WorkerConfig, kill_children, reply_cap
+from executor.workers.processes import SHUTDOWN_WAIT, kill_children
+from executor.workers.worker import WorkerConfig
 from protocol import ErrorInfo, Result, Signal, Stats, ToolSpec, WorkerInfo
 from protocol.timing import (
     APPLY_GRACE,  # hardened --workspace-rw: what a call that answered in time gets to apply
@@ -190,7 +193,7 @@ class WorkerPool:
 
     def hold(self, forked: tuple[int, socket.socket]) -> None:
         """Take as ours (to configure with ``start_template``, or to stop) the template ``serve`` forked
-        before this process had a ZeroMQ context (``executor.spawn.early_template``, or
+        before this process had a ZeroMQ context (``executor.workers.spawn.early_template``, or
         ``fork_template()``): it waits for its ``Configure`` and has read no tool module yet."""
         self.template_pid, self.template = forked
         self.held = True
@@ -222,7 +225,7 @@ class WorkerPool:
                 self._start_expired()
 
     def _begin_start(self) -> None:
-        """Take the held template, or fork a new interpreter (``executor.template``; forked from this
+        """Take the held template, or fork a new interpreter (``executor.workers.template``; forked from this
         process's memory, it would give its workers other clients' calls and results, our keys, and
         ZeroMQ's threads), and wait for its first message (``_start_step``). Raises ``StartupError``
         when the fork fails."""
@@ -338,7 +341,7 @@ class WorkerPool:
 
     def _remove_groups(self) -> None:
         if self.cgroups:  # the template removes its workers' groups; this is the backstop
-            from executor.cgroups import CgroupSupport
+            from executor.workers.cgroups import CgroupSupport
 
             support = CgroupSupport.detect()
             if support is not None:

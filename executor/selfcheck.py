@@ -795,7 +795,7 @@ class _Client:
 
 def _host_state() -> dict[str, Any]:
     """What an executor could leave behind on the host: mounts, groups, files in /dev/shm."""
-    from executor import cgroups
+    from executor.workers import cgroups
 
     groups = []
     for hierarchy in ("memory", "pids", "cpu", "unified"):
@@ -963,9 +963,9 @@ def _busy_worker(template: int, psutil: Any) -> int:
 
 
 def _is_template_exec(process: Any, psutil: Any) -> bool:
-    """Whether ``process`` is a template started as a fresh interpreter (``-m executor.template``)."""
+    """Whether ``process`` is a template started as a fresh interpreter (``-m executor.workers.template``)."""
     try:
-        return "executor.template" in process.cmdline()
+        return "executor.workers.template" in process.cmdline()
     except psutil.Error:
         return False
 

@@ -23,13 +23,13 @@ import zmq
 from executor import hardening
 from executor.calls import MAX_QUEUE_BYTES, MAX_QUEUE_WAIT, CallTable, Job, fingerprint
 from executor.endpoint import ClientSide, EndpointError, RouterEndpoint
-from executor.limits import effective_limits, requested_timeout
 from executor.link import BrokerLink
 from executor.metrics import CallStats, MetricsServer
 from executor.pool import StartStopped, StartupError, WorkerPool
-from executor.privacy import not_dumpable, scrub_initial_environment
-from executor.spawn import enter_workspace, fork_template
-from executor.worker import WorkerConfig
+from executor.workers.limits import effective_limits, requested_timeout
+from executor.workers.privacy import not_dumpable, scrub_initial_environment
+from executor.workers.spawn import enter_workspace, fork_template
+from executor.workers.worker import WorkerConfig
 from protocol import (
     BindError,
     Call,
@@ -84,7 +84,7 @@ class Supervisor:
         early_template: tuple[int, socket.socket] | None = None,
     ) -> None:
         """``workspace``: an absolute path. ``early_template``: the template ``serve`` forked before
-        this module was imported (``executor.spawn.early_template``), which waits for its
+        this module was imported (``executor.workers.spawn.early_template``), which waits for its
         configuration; without it the template is forked when ``serve`` starts it."""
         self.early_template = early_template
         self.endpoint = endpoint  # to bind, or with ``connect`` the broker's backend to connect to

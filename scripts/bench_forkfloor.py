@@ -1,7 +1,7 @@
 """The fork floor of the template (``python bench_forkfloor.py TOOL_MODULE``): a process that imports
-what the executor's template imports (``executor.worker`` and the tool module, loaded the way the
+what the executor's template imports (``executor.workers.worker`` and the tool module, loaded the way the
 template loads it) and then forks children that exit at once, as the template forks workers
-(``executor.quickfork.fork``, the bare ``fork()`` where that is safe).
+(``executor.workers.quickfork.fork``, the bare ``fork()`` where that is safe).
 
 Reads a count per line on stdin and answers one JSON line: each cycle's wall time (fork, the child's
 ``_exit``, the parent's ``waitpid``) and the CPU all of it took in both processes (the parent's own
@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from executor import quickfork  # noqa: E402
 from executor.registry import load_tools  # noqa: E402
-from executor.worker import worker_loop  # noqa: E402, F401  (what the template has imported)
+from executor.workers import quickfork  # noqa: E402
+from executor.workers.worker import worker_loop  # noqa: E402, F401  (what the template has imported)
 
 
 def private_kb(pid: int | str = "self") -> int:

@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from executor import hardening, overlay  # noqa: E402
-from executor.cgroups import CgroupSupport  # noqa: E402
 from executor.selfcheck import _Client  # noqa: E402
+from executor.workers.cgroups import CgroupSupport  # noqa: E402
 
 NOOP = ("hold", {"seconds": 0.0})  # a tool of executor.selfcheck that returns at once
 LOW_LOAD_GAP = 0.03  # seconds between low-load calls: the replacement worker is ready again

@@ -8,7 +8,7 @@ Patches:
 - ``nospin``: the supervisor does not poll without sleeping after a dispatch
   (``executor.pool.SPIN_AFTER_DISPATCH = 0``);
 - ``noclearrefs``: the worker does not reset its peak RSS before each call
-  (``executor.worker._reset_peak_rss`` does nothing; a call's peak memory is then the worker's).
+  (``executor.workers.worker._reset_peak_rss`` does nothing; a call's peak memory is then the worker's).
 
 Exits 3 if a patch's target no longer exists (the code moved on): the what-if is then not
 measured rather than measured wrong.
@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 PATCHES: dict[str, tuple[str, str, Callable[[], object]]] = {
     "nospin": ("executor.pool", "SPIN_AFTER_DISPATCH", lambda: 0.0),
-    "noclearrefs": ("executor.worker", "_reset_peak_rss", lambda: (lambda: None)),
+    "noclearrefs": ("executor.workers.worker", "_reset_peak_rss", lambda: (lambda: None)),
 }
 
 

@@ -40,8 +40,8 @@ import psutil
 import pytest
 
 from controller import ExecutorClient, ExecutorUnavailable, LocalExecutor
-from executor.cgroups import CgroupSupport
 from executor.pool import KILL_GRACE, RETIRE_GRACE, TEMPLATE_ANSWER_TIMEOUT
+from executor.workers.cgroups import CgroupSupport
 from protocol import Call, Result, encode
 from protocol.environment import ALWAYS, ALWAYS_PREFIXES
 from tests.conftest import TESTS, host_pid, nspid, pid_namespaces, require_layer, template_of

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from controller import ExecutorClient
-from executor.cgroups import CgroupSupport
+from executor.workers.cgroups import CgroupSupport
 from protocol import Call
 
 SUPPORT = CgroupSupport.detect()

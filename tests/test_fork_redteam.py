@@ -1,6 +1,6 @@
-"""Red team of the template's bare ``fork()`` (``executor.quickfork``), of the first template forked
-early (``executor.spawn``, waiting for its ``Configure``) and of the rights the template drops before
-it imports tool modules (``executor.worker.template_main``).
+"""Red team of the template's bare ``fork()`` (``executor.workers.quickfork``), of the first template forked
+early (``executor.workers.spawn``, waiting for its ``Configure``) and of the rights the template drops before
+it imports tool modules (``executor.workers.worker.template_main``).
 
 Tools: ``tests/tools/fork_attacks.py``. The five holes it found are closed, and their tests now
 pass (each failed on the code before its fix); the others are attacks the defence held against
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from controller import ExecutorClient
-from executor.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, HOST_ADMIN_CAPS
+from executor.workers.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, HOST_ADMIN_CAPS
 from protocol import Call, Result
 from tests.conftest import TESTS, pid_namespaces, template_of
 from tests.pool import free_port, wait_until
@@ -160,7 +160,8 @@ def test_code_a_root_call_plants_never_runs_with_the_dropped_rights(tmp_path: Pa
         with ExecutorClient(endpoint) as client:
             where = _call(client, "executor_source").value
             assert where == str(src / "executor"), where
-            _call(client, "plant", path=os.path.join(where, "framing.py"), text=PAYLOAD.format(mark=str(mark)))
+            planted = os.path.join(where, "workers", "framing.py")  # a module every new template imports
+            _call(client, "plant", path=planted, text=PAYLOAD.format(mark=str(mark)))
             old = _call(client, "whoami").value
             template = wait_until("the template", lambda: template_of(proc.pid), timeout=10)
             os.kill(template, signal.SIGKILL)  # as the OOM killer would

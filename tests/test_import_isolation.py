@@ -152,3 +152,98 @@ def test_the_static_check_finds_every_import_form(tmp_path: Path) -> None:
     ]
     forbidden = ("controller", *MODEL_STACK)
     assert [m for m in modules if _is_forbidden(m, forbidden)] == modules[:1] + modules[2:6]
+
+
+# The far side of the fork (executor/workers/): the template and the workers it forks never hold a ZeroMQ
+# context, an event loop, threads or logging handlers (they would carry them, and their locks, into every
+# worker), never validate with pydantic themselves, and never import the supervisor's side.
+WORKER_SIDE_FORBIDDEN = (
+    "zmq", "asyncio", "threading", "logging.handlers", "pydantic", "concurrent",
+    "executor.supervisor", "executor.pool", "executor.endpoint", "executor.link", "executor.broker",
+    "executor.calls", "executor.cli", "executor.status", "executor.metrics", "executor.fairqueue",
+    "executor.journal", "executor.selfcheck", "controller", *MODEL_STACK,
+)
+
+
+def _matches(module: str, names: tuple[str, ...]) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in names) or _is_forbidden(module, MODEL_STACK)
+
+
+def test_the_workers_package_imports_nothing_of_the_supervisors_side() -> None:
+    files = sorted((ROOT / "executor" / "workers").rglob("*.py"))
+    assert len(files) > 5
+    offending = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for path in files
+        for line, module in _imported_modules(path, _package_of(path))
+        if _matches(module, WORKER_SIDE_FORBIDDEN)
+    ]
+    assert offending == []
+
+
+def test_importing_every_workers_module_starts_no_zeromq_or_event_loop() -> None:
+    modules = _modules_after(
+        "import importlib, pkgutil, executor.workers\n"
+        "for m in pkgutil.walk_packages(executor.workers.__path__, 'executor.workers.'):\n"
+        "    importlib.import_module(m.name)")
+    assert "executor.workers.worker" in modules
+    assert [m for m in modules if m.split(".")[0] in ("zmq", "asyncio") or m.startswith("executor.supervisor")] == []
+
+
+def _executor_graph() -> dict[str, set[str]]:
+    """Module -> the executor modules it imports (anywhere in the file), from the sources."""
+    sources = {".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in (ROOT / "executor").rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in sources.items():
+        edges: set[str] = set()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                # ``from executor.workers import framing`` imports the module executor.workers.framing
+                targets = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in sources else node.module
+                           for alias in node.names]
+            edges |= {t for t in targets if t in sources and t != name}
+        graph[name] = edges
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle in ``graph`` (a list of modules, the first repeated at the end), or []."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_no_import_circle_in_the_executor() -> None:
+    """A package's __init__ importing its own modules is no circle; any other loop is (the one that was held
+    open by late imports: hardening -> overlay -> worker -> hardening)."""
+    graph = _executor_graph()
+    for package in ("executor", "executor.workers", "executor.toolkits"):  # an __init__'s re-exports
+        graph[package] = set()
+    assert len(graph) > 30
+    assert _cycle(graph) == []
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) == []

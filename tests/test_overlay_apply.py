@@ -16,8 +16,9 @@ from unittest import mock
 
 import pytest
 
-from executor import framing, overlay
-from executor.channel import Applying, Reply
+from executor import overlay
+from executor.workers import framing
+from executor.workers.channel import Applying, Reply
 
 
 @pytest.fixture

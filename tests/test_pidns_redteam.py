@@ -1,4 +1,4 @@
-"""Red team of the default profile's PID namespace (``executor.pidns``: 9fb2bb4, 2b3945c, 81a4988).
+"""Red team of the default profile's PID namespace (``executor.workers.pidns``: 9fb2bb4, 2b3945c, 81a4988).
 
 The claim: a tool (hostile code in a worker, of the executor's uid, root on CI) cannot signal, stop,
 trace or otherwise bring down the supervisor, the controller or the template, cannot see processes
@@ -37,8 +37,8 @@ import pytest
 
 from controller import ExecutorClient, ExecutorUnavailable, LocalExecutor
 from controller.local import executor_environment
-from executor.cgroups import CgroupSupport
 from executor.pool import RETIRE_GRACE
+from executor.workers.cgroups import CgroupSupport
 from protocol import Call, Result
 from tests.conftest import TESTS, host_pid, nspid, pid_namespaces, require_layer
 from tests.pool import START_BOUND, wait_until

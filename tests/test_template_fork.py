@@ -1,5 +1,5 @@
 """How the template makes workers. A fresh worker forked with the bare ``fork()``
-(``executor.quickfork``) is as sound as one made by ``os.fork()``: its random numbers are its own,
+(``executor.workers.quickfork``) is as sound as one made by ``os.fork()``: its random numbers are its own,
 its ``threading`` state is its own, and where the bare fork would be wrong (a thread in the
 template, a tool module's after-fork hook) the template uses ``os.fork()``. The rights no worker
 may hold are dropped by the template before any tool module is imported. Real executors; the unit
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from controller import ExecutorClient
-from executor import quickfork
-from executor.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, HOST_ADMIN_CAPS
+from executor.workers import quickfork
+from executor.workers.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, HOST_ADMIN_CAPS
 from protocol import Call
 from tests.conftest import TESTS
 from tests.pool import wait_until
@@ -196,7 +196,7 @@ def test_a_pid_whose_pidfd_was_closed_is_never_signalled() -> None:
     """In-process, WorkerPool's rule: a worker is killed through its pidfd; once its exit closed the
     pidfd, its number (which another process may hold by then) is left alone."""
     from executor.pool import WorkerPool
-    from executor.worker import WorkerConfig
+    from executor.workers.worker import WorkerConfig
     from protocol import Limits
 
     pool = WorkerPool(WorkerConfig(targets=[], limits=Limits()), size=1, on_done=lambda *_: None,

@@ -1,4 +1,4 @@
-"""Red team of the replacement template (a fresh interpreter, ``executor.template``), the worker's
+"""Red team of the replacement template (a fresh interpreter, ``executor.workers.template``), the worker's
 ``procfs.dying`` check, the template-made std files, and the 256-character name bound on the wire.
 
 Tools: ``tests/tools/template_attacks.py``. A test marked ``xfail(strict=True, reason="HOLE: ...")``

@@ -124,7 +124,7 @@ def _request_seq(tool_name: str) -> int | None:
 def _forged_reply(seq: int | None, value: object) -> bytes:
     """A reply frame exactly as the worker's own code would write it, made with the executor's own
     message types and framing (they are importable in the worker, so a forger uses them)."""
-    from executor import channel, framing
+    from executor.workers import channel, framing
 
     return framing.pack(channel.Reply(seq=seq if seq is not None else -1, ok=True, value=value).to_wire())
 

@@ -1,5 +1,5 @@
 """Tools for tests/test_fork_redteam.py: attacks on the template's bare ``fork()``
-(``executor.quickfork``), on the rights it drops before importing tool modules, and on what a call
+(``executor.workers.quickfork``), on the rights it drops before importing tool modules, and on what a call
 can do with the rights it keeps. Each tool returns what it saw, so the test judges from outside.
 
 At import this module does two things in the template, as libraries do:

@@ -1,6 +1,6 @@
 """Tools for tests/test_quickfork.py: what a fresh worker holds of the template it was forked from.
 This module starts no thread and registers no after-fork hook, so its workers are forked with the
-bare ``fork()`` (``executor.quickfork``)."""
+bare ``fork()`` (``executor.workers.quickfork``)."""
 
 from __future__ import annotations
 

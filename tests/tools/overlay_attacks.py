@@ -224,7 +224,7 @@ def rename_onto(old: str, new: str) -> str:
 def forge_applying(name: str, seconds: float) -> str:
     """Write ``name``, then send the keepers' own notice (``applying``: 60 s more for the call) on the
     worker's channel for every sequence number a call may have, and stay ``seconds``."""
-    from executor import framing
+    from executor.workers import framing
 
     with open(_path(name), "w") as f:
         f.write("before the forged notice")

@@ -1,4 +1,4 @@
-"""Tools that attack the default profile's PID namespace (``executor.pidns``) on purpose.
+"""Tools that attack the default profile's PID namespace (``executor.workers.pidns``) on purpose.
 
 The template is PID 1 of a PID namespace of its own and mounts that namespace's ``/proc`` in a mount
 namespace of its own, which its workers share. Each tool here tries one way out as a hostile tool

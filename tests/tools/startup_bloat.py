@@ -9,8 +9,9 @@ import os
 import sys
 import time
 
-from executor import framing, tool
-from executor.channel import ToolsLoaded
+from executor import tool
+from executor.workers import framing
+from executor.workers.channel import ToolsLoaded
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # template_channel.py, beside this file
 from template_channel import channel

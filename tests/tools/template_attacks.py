@@ -1,4 +1,4 @@
-"""Tools that attack a replacement template (``executor.template``: a fresh interpreter started when a
+"""Tools that attack a replacement template (``executor.workers.template``: a fresh interpreter started when a
 tool killed the first one) and the worker's new plumbing (``procfs.dying``, the template-made std
 files, bare cgroup writes). Each returns what it saw or did so the test can judge from outside."""
 

@@ -3,13 +3,24 @@
 Both ends are our own code, but a worker shares its process with tool code, which can write
 anything on the channel; so every message read by the supervisor is rebuilt here from plain msgpack
 data with its types checked (``from_wire``), and anything else is a ``ChannelError``. On the wire a
-message is a msgpack map with an ``op`` key (see ``executor.framing`` for the length-prefixed frames).
+message is a msgpack map with an ``op`` key (see ``executor.workers.framing`` for the length-prefixed frames).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
+
+if TYPE_CHECKING:
+    from protocol import Limits
+
+REPLY_OVERHEAD = 64 * 1024  # room for the error, signals and stats around a result of max_result_kb
+
+
+def reply_cap(limits: Limits) -> int:
+    """The largest reply frame a worker may send for a call with these limits; the supervisor (or a
+    hardened call's keeper) cuts off a worker that announces a larger one before reading it."""
+    return limits.max_result_kb * 1024 + REPLY_OVERHEAD
 
 
 class ChannelError(ValueError):
@@ -60,7 +71,7 @@ def _field_names(cls: type) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class Spawn(_Message):
     """Supervisor -> template: fork worker number ``worker``; a fresh worker that will wait for its
-    call first ``rehearse``s the call path (``executor.worker.rehearse``)."""
+    call first ``rehearse``s the call path (``executor.workers.worker.rehearse``)."""
 
     OP: ClassVar[str] = "spawn"
     worker: int
@@ -69,7 +80,7 @@ class Spawn(_Message):
 
 @dataclass(frozen=True)
 class Configure(_Message):
-    """Supervisor -> a template started afresh (``executor.template``), first and once: what it needs
+    """Supervisor -> a template started afresh (``executor.workers.template``), first and once: what it needs
     to make workers (``WorkerConfig.to_wire``), the hardened profile (``hardening.export``, or None),
     the log level, and the supervisor's ``sys.path``, which the first template inherited (the new one
     starts with ``-P``: never with its working directory, the workspace, on its path)."""

@@ -20,10 +20,10 @@ import ctypes
 import os
 import sys
 
-from executor.procfs import stat_fields
+from executor.workers.processes import PR_SET_DUMPABLE
+from executor.workers.processes import libc as _libc
+from executor.workers.procfs import stat_fields
 
-PR_SET_DUMPABLE = 4
-_libc = ctypes.CDLL(None, use_errno=True)
 _capget, _capset = _libc.capget, _libc.capset  # looked up at import (in the template), not in each worker
 
 

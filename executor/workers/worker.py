@@ -2,7 +2,7 @@
 from it; the supervisor (``executor.supervisor``) never does.
 
 The **template** is forked by the supervisor before it opens any ZeroMQ socket or reads a key or a
-call; one that replaces a dead template is a fresh interpreter (``executor.template``), never a fork
+call; one that replaces a dead template is a fresh interpreter (``executor.workers.template``), never a fork
 of the supervisor's memory. It imports the tool modules once, reports the tool specs, and then forks
 a **worker** whenever the supervisor asks, so a replacement worker is ready in milliseconds with the
 tools already imported. The template is a
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import _signal
 import contextlib
-import ctypes
 import gc
 import os
 import resource
@@ -42,9 +41,12 @@ from typing import Any
 
 import msgpack
 
-from executor import framing, hardening, procfs, quickfork, signals
-from executor.cgroups import CgroupSupport, Group
-from executor.channel import (
+from executor import hardening, signals
+from executor.registry import RegistryError, Tool, load_tools
+from executor.workers import framing, procfs, quickfork
+from executor.workers.cgroups import CgroupSupport, Group
+from executor.workers.channel import (
+    REPLY_OVERHEAD,
     CallRequest,
     ChannelError,
     Exited,
@@ -55,24 +57,30 @@ from executor.channel import (
     Started,
     Sweep,
     ToolsLoaded,
+    reply_cap,
     template_message,
 )
-from executor.limits import apply_call_limits, apply_process_limits
-from executor.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, HOST_ADMIN_CAPS, drop_capabilities
-from executor.registry import RegistryError, Tool, load_tools
+from executor.workers.limits import apply_call_limits, apply_process_limits
+from executor.workers.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, HOST_ADMIN_CAPS, drop_capabilities
+from executor.workers.processes import (
+    KILL_WAIT,
+    PR_SET_CHILD_SUBREAPER,
+    PR_SET_PDEATHSIG,
+    SHUTDOWN_WAIT,
+    close_fds_except,
+    has_children,
+    kill_children,
+    prctl,
+)
 from protocol import BindError, Limits, ToolSpec, ValueRefused, check_value
 from protocol.environment import allowed_environment
 
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
 MAX_TRACEBACK_CHARS = 4000
 MAX_MESSAGE_CHARS = 4000
 MAX_TYPE_CHARS = 200
 MAX_SIGNALS = 64
 MAX_SIGNAL_CHARS = 4000
 MAX_REPR_CHARS = 100_000
-REPLY_OVERHEAD = 64 * 1024  # room for the error, signals and stats around a result of max_result_kb
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass(frozen=True)
@@ -98,85 +106,6 @@ class WorkerConfig:
                    pass_env=[str(n) for n in obj["pass_env"]])
 
 
-def reply_cap(limits: Limits) -> int:
-    """The largest reply frame a worker may send for a call with these limits; the supervisor kills a
-    worker that announces a larger one before reading it."""
-    return limits.max_result_kb * 1024 + REPLY_OVERHEAD
-
-
-def close_fds_except(*keep: int) -> None:
-    """Close every descriptor of this process except ``keep`` (and nothing below 0)."""
-    lo = 0
-    for fd in [*sorted(k for k in set(keep) if k >= 0), max(_max_fd(), max(keep, default=0) + 1)]:
-        if fd > lo:  # never an empty range: closerange(n, n) closes everything from n on
-            os.closerange(lo, fd)
-        lo = fd + 1
-
-
-def _max_fd() -> int:
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return soft if 0 < soft < 1 << 20 else 1 << 20
-
-
-def _prctl(option: int, value: int) -> None:
-    _libc.prctl(option, value, 0, 0, 0)
-
-
-def _child_pids() -> list[int]:
-    """Direct children of this process, from /proc (cheap: no full /proc scan)."""
-    pids: list[int] = []
-    try:
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                pids.extend(map(int, procfs.read(f"/proc/self/task/{tid}/children").split()))
-            except OSError:
-                continue
-    except OSError:
-        pass
-    return pids
-
-
-def _has_children() -> bool:
-    """Whether any child (running or a zombie) exists: one waitpid, no /proc reads. As a subreaper,
-    the worker inherits every orphan of the call, so "no child" means nothing was left behind."""
-    try:
-        os.waitpid(-1, os.WNOHANG)
-    except ChildProcessError:
-        return False
-    return True  # running children (pid 0), or one zombie just reaped: look closer
-
-
-KILL_WAIT = 1.0  # seconds kill_children waits for what it killed to die
-SHUTDOWN_WAIT = 0.2  # ...and at shutdown, where the supervisor waits for its template only so long
-
-
-def kill_children(keep: frozenset[int] = frozenset(), wait: float = KILL_WAIT) -> int:
-    """SIGKILL and reap every child except ``keep``, repeating while new ones appear (a subreaper
-    inherits the grandchildren of the ones it kills). Returns how many were killed.
-
-    It waits at most ``wait`` seconds and never blocks on one process: a child SIGKILL cannot stop
-    yet (frozen, or in uninterruptible sleep) is left to be reaped when it finally dies (the caller
-    reaps children anyway), instead of wedging whoever called this."""
-    killed: set[int] = set()
-    deadline = time.monotonic() + wait
-    while True:
-        victims = [p for p in _child_pids() if p not in keep]
-        if not victims:
-            break
-        for pid in victims:
-            if pid not in killed:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-        for pid in victims:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(0.0005)
-    return len(killed)
-
-
 # --------------------------------------------------------------------------------------------------
 # template
 
@@ -192,8 +121,8 @@ def template_main(chan: socket.socket, config: WorkerConfig) -> None:
         pool = _Workers(CgroupSupport.detect() if config.use_cgroups else None, config)
         if pool.cgroups is not None:
             pool.cgroups.sweep()
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
         os.setsid()
         if hardening.active() is None:
             # As root, what no worker of the default profile may hold goes here, once, before any
@@ -409,8 +338,8 @@ def _std_files() -> list[Any]:
 def _worker_setup(out_w: int, err_w: int, config: WorkerConfig) -> None:
     for sig, handler in _WORKER_SIGNALS:
         _signal.signal(sig, handler)
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
@@ -593,7 +522,7 @@ def run_call(req: CallRequest, tools: dict[str, Tool], limits: Limits, hard: boo
         except Exception:
             pass
     reply.wall_s = time.perf_counter() - wall0
-    reply.leftovers = kill_children() if _has_children() else 0
+    reply.leftovers = kill_children() if has_children() else 0
     reply.cpu_s = _cpu() - cpu0
     reply.peak_rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     reply.signals = _capped_signals([{"kind": s.kind, "message": s.message} for s in signals.drain()],

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor import procfs
+from executor.workers import procfs
 
 ROOT = Path("/sys/fs/cgroup")
 PREFIX = "ciayn-"

@@ -1,4 +1,4 @@
-"""Entry of a template started afresh: ``python -P -m executor.template CHANNEL_FD SUPERVISOR_PID``.
+"""Entry of a template started afresh: ``python -P -m executor.workers.template CHANNEL_FD SUPERVISOR_PID``.
 
 The first template is forked from the supervisor before it has read a key or a call. A template
 that replaces a dead or wedged one is not: by then the supervisor's memory holds other clients'
@@ -16,17 +16,19 @@ import signal
 import socket
 import sys
 
-from executor import framing, hardening
-from executor.channel import ChannelError, Configure
-from executor.privacy import not_dumpable, scrub_initial_environment
-from executor.worker import PR_SET_PDEATHSIG, WorkerConfig, _prctl, template_main
+from executor import hardening
+from executor.workers import framing
+from executor.workers.channel import ChannelError, Configure
+from executor.workers.privacy import not_dumpable, scrub_initial_environment
+from executor.workers.processes import PR_SET_PDEATHSIG, prctl
+from executor.workers.worker import WorkerConfig, template_main
 
 CONFIGURE_TIMEOUT = 10.0  # seconds to wait for the supervisor's Configure (it sends it right after the fork)
 
 
 def main(argv: list[str]) -> None:
     fd, supervisor = int(argv[0]), int(argv[1])
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() not in (supervisor, 0):  # it died before we could ask to die with it (0: we are
         os._exit(1)                           # PID 1 of our own namespace; then its channel says so)
     not_dumpable()  # exec made us dumpable again: no ptrace or /proc/PID/mem of us by a tool of our user

@@ -41,14 +41,13 @@ import os
 import signal
 from typing import NoReturn
 
-_libc = ctypes.CDLL(None, use_errno=True)
+from executor.workers.processes import libc as _libc
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 0x1, 0x2, 0x4, 0x8, 0x20, 0x1000
 MS_REC, MS_SLAVE = 0x4000, 0x80000
-PR_SET_PDEATHSIG = 1
 FAILED = "pid-ns: "  # a template's LoadFailed message that starts so: it could not set its namespace up
 
 

@@ -7,7 +7,7 @@ forked by ``ciayn-executor serve`` *before* the supervisor imports ZeroMQ, async
 of what only the supervisor uses (``early_template``): about 5 MB less to copy for every call, a
 fifth of the template's private memory. It waits for its ``Configure`` (sent by ``WorkerPool``
 once the supervisor is ready to serve) before it reads a tool module. A template that replaces a
-dead one is a new interpreter (``executor.template``), never a fork of the supervisor as it is by
+dead one is a new interpreter (``executor.workers.template``), never a fork of the supervisor as it is by
 then: its memory holds other clients' calls and results and its keys.
 
 This module imports nothing of the supervisor's (no ZeroMQ): importing it must not grow the
@@ -23,9 +23,10 @@ import socket
 import sys
 from typing import NoReturn
 
-from executor import framing, hardening, pidns, procfs
-from executor.channel import ChannelError, Configure, Isolated, LoadFailed
-from executor.privacy import (
+from executor import hardening
+from executor.workers import framing, pidns, procfs
+from executor.workers.channel import ChannelError, Configure, Isolated, LoadFailed
+from executor.workers.privacy import (
     CAP_SYS_PTRACE,
     CAP_SYS_RESOURCE,
     HOST_ADMIN_CAPS,
@@ -33,14 +34,8 @@ from executor.privacy import (
     not_dumpable,
     scrub_initial_environment,
 )
-from executor.worker import (
-    PR_SET_CHILD_SUBREAPER,
-    PR_SET_PDEATHSIG,
-    WorkerConfig,
-    _prctl,
-    close_fds_except,
-    template_main,
-)
+from executor.workers.processes import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, close_fds_except, prctl
+from executor.workers.worker import WorkerConfig, template_main
 
 CONFIGURE_WAIT = 120.0  # seconds an early template waits for its Configure (the supervisor's start-up)
 
@@ -72,13 +67,13 @@ def early_template(workspace: str | None) -> tuple[int, socket.socket]:
 
 def fork_template(fresh: bool = False) -> tuple[int, socket.socket]:
     """Fork the template: PID 1 of a namespace of its own where the machine allows it
-    (``executor.pidns``). ``fresh``: it becomes a new interpreter (``executor.template``); else it
+    (``executor.workers.pidns``). ``fresh``: it becomes a new interpreter (``executor.workers.template``); else it
     goes on in this process's memory (which must have no ZeroMQ context). It first reports its
     namespace (``Isolated``, or ``LoadFailed`` with ``pidns.FAILED``), then waits for its
     ``Configure``, imports the tools and reports ``ToolsLoaded`` (or ``LoadFailed``). This process
     becomes a subreaper, so whatever a dead template leaves comes back to us to be killed, never to
     init."""
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     supervisor = os.getpid()
     isolated = pidns.isolate_next_child()
@@ -116,11 +111,11 @@ def _configured(chan: socket.socket) -> WorkerConfig:
 
 def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) -> None:
     """In the child just forked to be a template: make it PID 1 of a namespace of its own
-    (``executor.pidns``) if the supervisor could not (``isolated``: as root it did), set that
+    (``executor.workers.pidns``) if the supervisor could not (``isolated``: as root it did), set that
     namespace's ``/proc`` up, and say so (``Isolated``, with why not if it is not in a namespace of
     its own). A namespace whose ``/proc`` cannot be set up is reported to the supervisor instead
     (``LoadFailed`` with ``pidns.FAILED``), which then starts templates without one."""
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() not in (supervisor, 0):  # it died before we could ask to die with it
         os._exit(1)
     why = ""
@@ -152,7 +147,7 @@ def _say_isolated(chan: socket.socket, why_not: str) -> None:
 
 
 def _exec_template(chan: socket.socket, supervisor: int) -> NoReturn:
-    """In the child forked to be a fresh template: become ``python -P -m executor.template``, keeping
+    """In the child forked to be a fresh template: become ``python -P -m executor.workers.template``, keeping
     only the standard descriptors and ``chan``. ``-P``: our working directory is the workspace, which
     tools may write; on the new interpreter's path, a file there named like a module it imports would
     run in the template, outside any sandbox. It finds ``executor`` through PYTHONPATH, and then takes
@@ -165,9 +160,10 @@ def _exec_template(chan: socket.socket, supervisor: int) -> NoReturn:
             drop_capabilities(CAP_SYS_PTRACE, CAP_SYS_RESOURCE, *HOST_ADMIN_CAPS.values())
         os.set_inheritable(chan.fileno(), True)
         env = dict(os.environ)
-        root = os.path.dirname(os.path.dirname(os.path.abspath(framing.__file__)))  # where `executor` is
+        package = sys.modules["executor"].__file__ or ""  # executor/__init__.py: its directory's parent
+        root = os.path.dirname(os.path.dirname(os.path.abspath(package)))  # is where `executor` is found
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         os.execve(sys.executable,
-                  [sys.executable, "-P", "-m", "executor.template", str(chan.fileno()), str(supervisor)], env)
+                  [sys.executable, "-P", "-m", "executor.workers.template", str(chan.fileno()), str(supervisor)], env)
     finally:
         os._exit(127)
