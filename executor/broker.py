@@ -64,7 +64,8 @@ from typing import Any, Literal
 import zmq
 
 from executor.calls import MAX_QUEUE_BYTES, RESULT_CACHE_BYTES, AtMostOnce, fingerprint, join
-from executor.endpoint import EndpointError, RouterEndpoint
+from executor.clientside.base import EndpointError
+from executor.clientside.router import RouterEndpoint
 from executor.fairqueue import FairQueue
 from executor.journal import Journal
 from executor.metrics import CallStats, MetricsServer

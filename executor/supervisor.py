@@ -1,6 +1,6 @@
 """The supervisor: one event loop, one thread, never runs tool code.
 
-It wires three parts together: the side facing clients (``executor.endpoint``: a bound ROUTER, or a
+It wires three parts together: the side facing clients (``executor.clientside``: a bound ROUTER, or a
 link to a broker), the call table (``executor.calls``: at-most-once, the queue) and the worker pool
 (``executor.pool``: the template and the workers). It answers ``hello`` and ``ping`` at any time,
 checks each call against the tool specs before queueing it, and sends every finished call's result to
@@ -22,8 +22,9 @@ import zmq
 
 from executor import hardening
 from executor.calls import MAX_QUEUE_BYTES, MAX_QUEUE_WAIT, CallTable, Job, fingerprint
-from executor.endpoint import ClientSide, EndpointError, RouterEndpoint
-from executor.link import BrokerLink
+from executor.clientside.base import ClientSide, EndpointError
+from executor.clientside.brokerlink import BrokerLink
+from executor.clientside.router import RouterEndpoint
 from executor.metrics import CallStats, MetricsServer
 from executor.pool import StartStopped, StartupError, WorkerPool
 from executor.workers.limits import effective_limits, requested_timeout

@@ -528,7 +528,7 @@ def test_a_linked_executor_tells_the_broker_at_once_which_calls_it_is_applying(t
     """``BrokerLink`` with its ``applying`` source, against a ROUTER standing in for the broker: a call
     that starts applying is named in a heartbeat sent on the link's next turn, not half a second later,
     and in every heartbeat until it is done."""
-    from executor.link import BrokerLink
+    from executor.clientside.brokerlink import BrokerLink
     from protocol.timing import HEARTBEAT_INTERVAL
 
     ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()

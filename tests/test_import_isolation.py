@@ -159,7 +159,7 @@ def test_the_static_check_finds_every_import_form(tmp_path: Path) -> None:
 # worker), never validate with pydantic themselves, and never import the supervisor's side.
 WORKER_SIDE_FORBIDDEN = (
     "zmq", "asyncio", "threading", "logging.handlers", "pydantic", "concurrent",
-    "executor.supervisor", "executor.pool", "executor.endpoint", "executor.link", "executor.broker",
+    "executor.supervisor", "executor.pool", "executor.clientside", "executor.broker",
     "executor.calls", "executor.cli", "executor.status", "executor.metrics", "executor.fairqueue",
     "executor.journal", "executor.selfcheck", "controller", *MODEL_STACK,
 )
@@ -247,3 +247,15 @@ def test_no_import_circle_in_the_executor() -> None:
 def test_the_circle_check_finds_a_circle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_client_side_knows_nothing_of_workers_or_the_call_table() -> None:
+    """executor/clientside/ (a bound ROUTER, a link to a broker) only moves messages: it imports no worker,
+    pool, call table, supervisor or broker module."""
+    files = sorted((ROOT / "executor" / "clientside").rglob("*.py"))
+    assert len(files) >= 3
+    below = ("executor.workers", "executor.pool", "executor.calls", "executor.supervisor", "executor.broker",
+             "executor.hardening", "executor.overlay")
+    offending = [f"{path.relative_to(ROOT)}:{line}: {module}" for path in files
+                 for line, module in _imported_modules(path, _package_of(path)) if _matches(module, below)]
+    assert offending == []

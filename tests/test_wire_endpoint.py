@@ -452,7 +452,7 @@ def test_a_client_that_does_not_read_its_answers_is_disconnected_with_a_log_line
     dropped answers silently and the client was starved without a word."""
     import logging
 
-    from executor.endpoint import RouterEndpoint
+    from executor.clientside.router import RouterEndpoint
 
     caplog.set_level(logging.WARNING, logger="ciayn-executor")
     ctx = zmq.Context()

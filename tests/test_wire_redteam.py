@@ -188,7 +188,7 @@ def test_clients_that_do_not_read_cannot_make_the_endpoint_hold_more_than_its_to
     client that reads is never dropped for it). A client that reads gets every answer meanwhile."""
     import psutil
 
-    from executor.endpoint import RouterEndpoint
+    from executor.clientside.router import RouterEndpoint
 
     mib = 1024 * 1024
     caplog.set_level(logging.WARNING, logger="ciayn-executor")

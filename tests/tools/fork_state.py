@@ -24,7 +24,7 @@ def threads() -> dict[str, object]:
             "ident_is_ours": main.ident == threading.get_ident()}
 
 
-SUPERVISOR_ONLY = ("zmq", "asyncio", "ssl", "subprocess", "executor.supervisor", "executor.pool", "executor.endpoint")
+SUPERVISOR_ONLY = ("zmq", "asyncio", "ssl", "subprocess", "executor.supervisor", "executor.pool", "executor.clientside")
 
 
 @tool

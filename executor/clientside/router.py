@@ -1,9 +1,5 @@
-"""The executor's side facing clients, as one small interface.
-
-An executor either binds a ROUTER that clients connect to (``RouterEndpoint``, this module) or, in a
-pool, connects to a broker (``executor.link.BrokerLink``). Both look the same to the supervisor: a
-socket to poll, messages in as ``(route, message)`` pairs, frames out to a route, and ``tick`` for
-timers. Nothing here knows about workers or the call table.
+"""The executor's bound ROUTER (``RouterEndpoint``), one of the two ``ClientSide`` implementations
+(``executor.clientside.base``).
 
 The bound ROUTER is private by default (SPEC.md, Transport): an ipc socket lives in a 0700 directory
 owned by this user (created so, or checked), and abstract ipc or tcp without CurveZMQ is refused unless
@@ -27,63 +23,34 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from protocol import Message, ProtocolError, decode
+from executor.clientside.base import (
+    OUTBOX_BYTES,
+    OUTBOX_RETRY,
+    RECV_BATCH,
+    RECV_BUDGET_S,
+    RECV_HWM,
+    SEND_HWM,
+    SHUTDOWN_LINGER_MS,
+    EndpointError,
+    Incoming,
+)
+from protocol import ProtocolError, decode
 from protocol.wire import MAX_FRAMES, LogBudget, bound_socket, ipc_path, recv_message_from
 
 log = logging.getLogger("ciayn-executor")
 
-SHUTDOWN_LINGER_MS = 500
-RECV_BATCH = 1000  # messages taken per wake-up, so deadlines and workers are served in between...
-RECV_BUDGET_S = 0.02  # ...and seconds spent taking them (a decode costs up to tens of milliseconds)
 HANDSHAKE_IVL_MS = 5000  # a connection that has not completed the ZMTP (and Curve) handshake is closed
-SEND_HWM = 64  # messages libzmq queues for one client; beyond, answers wait in its outbox (counted in bytes)
-RECV_HWM = 4  # messages libzmq reads ahead from one connection (each up to 128 MiB); the rest wait in the peer
-OUTBOX_BYTES = 256 * 1024 * 1024  # answers held for one client (its outbox and ZeroMQ's pipe to it), at most
 OUTBOX_TOTAL_BYTES = 1024 * 1024 * 1024  # answers held for all clients together, at most
 TRACK_BYTES = 64 * 1024  # answers this large go to ZeroMQ uncopied, followed until it has sent them
-OUTBOX_RETRY = 0.01  # seconds between attempts to send held answers
 PIPE_CHECK = 1.0  # seconds between looks at which large answers ZeroMQ has sent
 MAX_KNOWN_CONNECTIONS = 65536  # clients whose connection is remembered (to disconnect one that does not read)
 HANDSHAKE_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                       | zmq.EVENT_HANDSHAKE_FAILED_AUTH)  # logged on a CurveZMQ endpoint
-
-
-class EndpointError(Exception):
-    """The endpoint cannot be opened (in use, bad address, bad keys)."""
-
-
-Incoming = tuple[bytes, Message | ProtocolError]
-
-
-class ClientSide(Protocol):
-    """What the supervisor needs from the side that faces clients."""
-
-    socket: zmq.Socket[bytes]
-    failed: str  # set when this side cannot go on: the executor stops (a broker's refusal is not that: it retries)
-
-    def receive(self) -> Iterator[Incoming]:
-        """Messages waiting now, each with the route to answer on; a malformed one comes as the
-        ``ProtocolError`` that already knows its reply."""
-        ...
-
-    def send(self, route: bytes, frames: list[bytes]) -> None: ...
-
-    def describe(self) -> str: ...
-
-    def start(self) -> None:
-        """The tools are known: begin (a link announces itself to its broker now, not at connection)."""
-        ...
-
-    def tick(self, now: float) -> float:
-        """Timers of this side (a link's heartbeats and reconnection); seconds until it is next due."""
-        ...
-
-    def close(self) -> None: ...
 
 
 class RouterEndpoint:

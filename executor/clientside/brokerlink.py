@@ -1,6 +1,6 @@
 """The executor's side facing clients, in a pool: a link to a broker (``serve --connect BACKEND``).
 
-The second implementation of ``executor.endpoint.ClientSide``: instead of binding a ROUTER for
+The second implementation of ``executor.clientside.base.ClientSide``: instead of binding a ROUTER for
 clients, the executor connects a DEALER to a broker's backend and serves the calls the broker routes
 to it. The supervisor cannot tell the difference, except that the link needs ``tick`` for its timers.
 
@@ -36,7 +36,7 @@ from typing import Any
 
 import zmq
 
-from executor.endpoint import (
+from executor.clientside.base import (
     OUTBOX_BYTES,
     OUTBOX_RETRY,
     RECV_BATCH,
