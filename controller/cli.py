@@ -127,6 +127,18 @@ def _executor_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pass-env", action="append", metavar="NAME",
                    help="hand this environment variable to a private executor's tools (repeatable); tools see "
                    "no other secrets")
+    p.add_argument("--profile", choices=["default", "hardened"], metavar="PROFILE",
+                   help="isolation of a private executor: default (a fresh worker process per call under "
+                   "rlimits, killed with everything it started) or hardened (also: each call as nobody in its "
+                   "own PID, mount and network namespaces, no network, a read-only filesystem, no capabilities, "
+                   "seccomp, Landlock, cgroup limits; needs root). A hardened executor attacks each of its "
+                   "layers first (its selfcheck, a few seconds) and the run does not start unless every one "
+                   "holds. The profile for run_shell and CI: docs/ci.md (default: default)")
+    p.add_argument("--workspace-rw", action="store_true",
+                   help="with --profile hardened: tools may change the workspace, acting as its owner there "
+                   "(without it the workspace is read-only to them). Each call's writes go to a private layer "
+                   "(at most 1 GiB) and are copied into the workspace only after the call answered, before its "
+                   "result is sent; a call that times out, crashes or is cancelled changes nothing")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -214,7 +226,8 @@ def _curve_options(args: argparse.Namespace) -> dict[str, Any]:
 SOCKET_WAIT_S = 10.0  # an executor started a moment ago may not have bound its socket yet
 EXECUTOR_WAIT_S = 10.0  # how long a running executor may take to answer the first time
 FIRST_ANSWER_S = 1.0  # after this long without an answer, say that ciayn is waiting (and for how long)
-PRIVATE_ONLY = (("workspace", "--workspace"), ("memory_mb", "--memory-mb"), ("pass_env", "--pass-env"))
+PRIVATE_ONLY = (("workspace", "--workspace"), ("memory_mb", "--memory-mb"), ("pass_env", "--pass-env"),
+                ("workspace_rw", "--workspace-rw"))
 
 Say = Callable[[str], None]
 
@@ -237,10 +250,15 @@ def check_executor_args(args: argparse.Namespace, say: Say = _say_on_stderr) -> 
     have no effect are named (``say``)."""
     if args.executor and args.tools:
         raise UserError("Give either --executor (a running executor) or --tools (start a private one), not both.")
+    if args.workspace_rw and args.profile != "hardened":
+        raise UserError("--workspace-rw is for --profile hardened, whose tools cannot write the workspace "
+                        "without it (under the default profile they write it already, as your user).")
     if (args.curve_server_key or args.curve_key) and not args.executor:
         raise UserError("--curve-server-key and --curve-key are for --executor (a running executor over tcp).")
     if args.executor:
-        sources = getattr(args, "sources", {})
+        sources = dict(getattr(args, "sources", {}))
+        if args.workspace_rw:
+            sources["workspace_rw"] = "command line"
         ignored = [flag for dest, flag in PRIVATE_ONLY if dest in sources]
         if ignored:
             say(f"Warning: {' and '.join(ignored)} configure a private executor and have no effect with --executor "
@@ -275,6 +293,12 @@ def open_executor(args: argparse.Namespace, say: Say = _say_on_stderr) -> Iterat
             client.close()
             raise UserError(f"{e} Start one with `ciayn-executor serve --bind {args.executor} --tools ...`, or "
                             "check the endpoint (--executor, CIAYN_EXECUTOR).") from None
+        served = client.welcome.profile if client.welcome is not None else "unknown"
+        if args.profile == "hardened" and served != "hardened":
+            client.close()
+            raise UserError(f"--profile hardened: the executor at {args.executor} serves the {served!r} profile, "
+                            "not hardened; start it with `ciayn-executor serve --profile hardened ...`, or leave "
+                            "out --executor to start a hardened private one.")
         try:
             yield client
         finally:
@@ -290,6 +314,10 @@ def open_executor(args: argparse.Namespace, say: Say = _say_on_stderr) -> Iterat
         limits["memory_mb"] = args.memory_mb
     if args.log_level:
         limits["log_level"] = args.log_level
+    if args.profile == "hardened":
+        limits.update(profile="hardened", workspace_rw=args.workspace_rw)
+        say("starting a hardened private executor: its selfcheck attacks each isolation layer from a real "
+            "worker first (a few seconds); the run starts only if every layer holds")
     local = LocalExecutor(tools=args.tools or [BUILTIN_TOOLS], workspace=workspace, pass_env=args.pass_env or (),
                           **limits)
     _LOCAL_PROCESSES.append(local)

@@ -51,6 +51,7 @@ SETTINGS: dict[str, Any] = {
     "curve_server_key": None,
     "curve_key": None,
     "pass_env": None,
+    "profile": "default",
 }
 
 

@@ -37,7 +37,9 @@ _FLAG_NAMES = {
     "max_output_kb": "--max-output-kb",
     "max_result_kb": "--max-result-kb",
     "max_queue": "--max-queue",
-    "profile": "--profile",
+    "profile": "--profile",  # "hardened": needs root; its selfcheck gates the start (ExecutorStartError)
+    "workspace_rw": "--workspace-rw",  # a switch, with profile="hardened": tools may write the workspace
+    "workspace_quota": "--workspace-quota",
     "log_level": "--log-level",
     "max_processes": "--max-processes",
     "no_cgroups": "--no-cgroups",  # a switch: True adds it

@@ -18,6 +18,7 @@ import ctypes
 import errno
 import hashlib
 import json
+import logging
 import os
 import resource
 import shutil
@@ -1103,8 +1104,15 @@ def start_hardened(args: Any) -> int:
             return 1
         _loud(f"DEGRADED: serving without these layers: {named}")
     if not args.skip_selfcheck:
+        log = logging.getLogger("ciayn-executor")
+        count = len(attempts(args.workspace_rw))
+        log.info("hardened: selfcheck: %d escape attempts from a real worker, then checks of the host ...", count)
+        started = time.monotonic()
         rows = run(workspace_rw=args.workspace_rw)
         failed = [r for r in rows if not r.ok]
+        if not failed:
+            log.info("hardened: selfcheck passed: %d attempts denied, the host left as it was (%.1f s)", count,
+                     time.monotonic() - started)
         if failed:
             text = "\n".join(f"  {r.layer}: {r.attempt}: {r.observed}" for r in failed)
             if not args.allow_degraded:

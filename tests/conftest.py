@@ -39,7 +39,7 @@ EXCLUSIVE_GROUPS = {
     # /dev/shm or the overlay applier's names in /tmp before and after it (one another's executors
     # would show up); the netns test mounts named network namespaces on the host meanwhile
     "host-mounts": ("test_hardened.py", "test_hardened_quota.py", "test_broker_netns.py", "test_overlay_apply.py",
-                    "test_overlay_redteam.py"),
+                    "test_overlay_redteam.py", "test_ci_recipe.py"),
 }
 # Units that take longest, started first so that no worker is left with one of them at the end while
 # the others idle. Only an order: a name missing here costs balance, never correctness.
