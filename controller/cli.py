@@ -491,6 +491,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             # Before the executor starts: a wrong URL, a server that is down or a missing key is
             # reported in one paragraph now, not after retries in the first step.
+            transcript.notice(f"checking the model {model} at {api_base or 'its provider'} (loading litellm "
+                              "takes a few seconds) ...")
             problem = check_endpoint(ModelConfig(model=model, api_base=api_base))
             if problem is not None:
                 raise UserError(problem)
@@ -499,6 +501,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"Warning: --max-cost cannot be enforced: litellm has no price for {model}, so every reply counts "
                 "as $0. Bound the run with --max-tokens-total N (tokens, counted for every model) instead."
             )
+        if not args.executor and args.profile != "hardened":  # (a hardened one says so itself)
+            transcript.notice("starting a private executor ...")
         client = stack.enter_context(open_executor(args, transcript.notice))
         tools = client.tools()
         transcript.notice(f"executor ready: {len(tools)} tools ({', '.join(t.name for t in tools)}); "

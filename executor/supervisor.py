@@ -119,12 +119,17 @@ class Supervisor:
     # ---------------------------------------------------------------- start-up and shutdown
 
     def serve(self) -> int:
-        parent_fd = self._watch_parent()  # first: a dead parent must not leave a socket file behind
+        try:
+            parent_fd = self._watch_parent()  # first: a dead parent must not leave a socket file behind
+        except StartupError:
+            if self.early_template is not None:
+                _dismiss(self.early_template)
+            raise
         enter_workspace(self.workspace)  # (kept: the early template's were set so by early_template)
         not_dumpable()  # no ptrace, /proc/PID/mem or pidfd_getfd of our processes by a tool of our user
         scrub_initial_environment()  # nor the environment we started with, through /proc/PID/environ
         # The template is forked before any ZeroMQ context exists, and waits for its Configure.
-        self.pool.hold(self.early_template or fork_template())
+        template: tuple[int, socket.socket] | None = self.early_template or fork_template()
         self.early_template = None
         # A signal or the parent's exit from now on, the import included, is a shutdown that removes
         # what was made (the socket file first), never Python's default death.
@@ -145,13 +150,19 @@ class Supervisor:
             self.clients = self._open_clients(ctx)
             if self.metrics_address:
                 self.metrics = MetricsServer(self.metrics_address)
+            assert template is not None
+            self.pool.hold(template)
+            template = None
             self.pool.start_template(watch)  # the tools are imported now
         except (EndpointError, CurveError, ValueError, StartupError) as e:
             if self.metrics is not None:
                 self.metrics.close()
             if self.clients is not None:
                 self.clients.close()
-            self.pool.stop_template()
+            if template is not None:
+                _dismiss(template)
+            else:
+                self.pool.stop_template()
             ctx.term()
             if isinstance(e, StartStopped):
                 log.info("stopped while the tools were imported: %s", e)
@@ -401,3 +412,31 @@ class Supervisor:
         self.stats.observe(job.call.tool, result, result.stats.wall_s if result.stats else 0.0)
         for route in job.waiters:
             self._send(route, frames)
+
+
+DISMISS_WAIT = 2.0  # seconds a template that was never configured has to exit, before SIGKILL
+
+
+def _dismiss(template: tuple[int, socket.socket]) -> None:
+    """Stop a template held for a start refused before it was configured (an endpoint, a key, the
+    metrics port): it has read no tool module and exits quietly on EOF. Closing our end with its
+    first message unread would reset its read instead (ECONNRESET), which it reports as an error
+    before the refusal's own reason; so our sending side is shut, what it sent read until it is
+    gone, and it is reaped (killed if it does not go within ``DISMISS_WAIT``)."""
+    pid, chan = template
+    deadline = time.monotonic() + DISMISS_WAIT
+    with contextlib.suppress(OSError):
+        chan.shutdown(socket.SHUT_WR)
+        while (left := deadline - time.monotonic()) > 0:
+            chan.settimeout(left)
+            if not chan.recv(65536):
+                break
+    chan.close()
+    while time.monotonic() < deadline:
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return
+        time.sleep(0.01)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)

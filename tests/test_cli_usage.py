@@ -315,6 +315,20 @@ def test_settings_come_from_the_command_line_then_environment_then_file(tmp_path
         read_layers({}, tmp_path)
 
 
+def test_each_stage_before_the_first_step_says_what_it_is_doing(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hosted model's check (litellm's import: seconds) and the private executor's start each say
+    so before they begin; before, nothing came before "executor ready", a blank screen."""
+    with LLMStub([DONE]) as stub:
+        api_base = stub.api_base
+        assert cli.main(run_argv(api_base, workspace, "--json")) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    before = [e["text"] for e in events[: next(i for i, e in enumerate(events) if e["event"] == "step")]]
+    assert before[0] == f"checking the model openai/stub at {api_base} (loading litellm takes a few seconds) ..."
+    assert before[1] == "starting a private executor ..." and before[2].startswith("executor ready: "), before
+
+
 def test_environment_settings_reach_a_real_run(
     workspace: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -172,6 +172,25 @@ def test_a_bad_start_stops_with_a_clear_message_and_leaves_nothing(case: str, tm
     assert not sock.exists(), "a failed start left its socket file behind"
 
 
+REFUSED_STARTS: dict[str, Callable[[Path], list[str]]] = {
+    "plain tcp": lambda d: ["--bind", f"tcp://127.0.0.1:{_free_port()}"],
+    "abstract ipc": lambda d: ["--bind", f"ipc://@ciayn-test-{d.name}"],
+    "a missing key file": lambda d: ["--bind", f"tcp://127.0.0.1:{_free_port()}", "--curve-secret", str(d / "none")],
+    "a dead parent": lambda d: ["--bind", f"ipc://{d}/x.sock", "--parent-pid", str(_dead_pid())],
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED_STARTS))
+def test_a_refused_start_says_why_and_nothing_else(case: str, sock_dir: Path) -> None:
+    """Before: each first printed `template: no configuration from the supervisor ([Errno 104]
+    Connection reset by peer)`, the early template's complaint that its channel was closed with its
+    first message unread."""
+    out = serve("--tools", FAULTY, *REFUSED_STARTS[case](sock_dir))
+    assert out.returncode == 1, out
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ciayn-executor: cannot start: "), out.stderr
+
+
 @pytest.mark.parametrize("transport", ["tcp", "ipc"])
 def test_an_endpoint_in_use_stops_start_up_with_a_clear_message(transport: str, sock_dir: Path) -> None:
     """Also for ipc, where ZeroMQ would silently replace the live executor's socket file."""
