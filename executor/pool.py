@@ -20,10 +20,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,48 +31,32 @@ import zmq
 
 from executor import hardening
 from executor.calls import Job
-from executor.workers import framing, pidns, procfs, spawn
+from executor.keeper import KILL_GRACE, REPLACE_WAIT, TemplateKeeper
+from executor.workers import framing, pidns
 from executor.workers.channel import (
     Applying,
     CallRequest,
     ChannelError,
-    Configure,
     Exited,
-    Isolated,
-    LoadFailed,
     Reply,
     Spawn,
     Spawned,
     Started,
     Sweep,
-    TemplateMessage,
-    ToolsLoaded,
     reply_cap,
     template_message,
 )
 from executor.workers.processes import SHUTDOWN_WAIT, kill_children
 from executor.workers.worker import WorkerConfig
 from protocol import ErrorInfo, Result, Signal, Stats, ToolSpec, WorkerInfo
-from protocol.timing import (
-    APPLY_GRACE,  # hardened --workspace-rw: what a call that answered in time gets to apply
-    backoff,
-)
+from protocol.timing import APPLY_GRACE  # hardened --workspace-rw: what a call that answered in time gets to apply
 
 log = logging.getLogger("ciayn-executor")
 
-TEMPLATE_START_TIMEOUT = 60.0  # importing tool modules may be slow (the bound is for the whole report)
-NAMESPACE_WAIT = 10.0  # a new template's first word (``Isolated``): setting a PID namespace up is quick
-ISOLATED_LIMIT = 64 * 1024  # ``Isolated`` or the namespace's failure: a few bytes
-RESTART_INITIAL = 0.5  # a replacement template that could not start: the next try this much later...
-RESTART_MAX = 30.0  # ...doubling up to this (the executor never gives up: calls queue within their bounds)
-TOOLS_LOADED_LIMIT = 16 * 1024 * 1024  # the tool specs (each spec's schema), far below the internal frame cap
 TEMPLATE_ANSWER_TIMEOUT = 3.0  # a spawn request unanswered this long: the template is stopped or wedged
 EXIT_STATUS_WAIT = 2.0  # after a worker's channel closes, how long to wait for its exit status
-KILL_GRACE = 1.0  # after SIGKILL, how long a call waits for its worker's exit before it is answered anyway
 TEMPLATE_FRAME_LIMIT = 64 * 1024  # the template's messages after start-up are tiny (Spawned, Exited)
-TEMPLATE_READ_TIMEOUT = 0.5  # a message begun on its channel must be complete within this
 SWEEP_INTERVAL = 0.2  # reused workers: the template kills stray children at most this often (it costs a /proc read)
-REPLACE_WAIT = 0.25  # how long replacing a template waits for the old one's tree to die
 START_TIMEOUT = 2.0  # a worker that does not say it started a call this long after getting it is replaced
 RETIRE_GRACE = 2.0  # a worker that answered its one call must exit within this, or it is killed
 IDLE_READ_LIMIT = 64 * 1024  # what a worker with no call may send before it is cut off (it should send nothing)
@@ -83,29 +65,6 @@ REFILL_MAX_DELAY = 0.02  # ...or this long after it was first due, whichever com
 SPIN_AFTER_DISPATCH = 0.0003  # seconds of polling without sleep after a dispatch (quick calls' replies)
 POLL_MAX_S = 1.0
 MAX_ABANDONED = 64  # processes that would not die, remembered for the log
-
-
-ISOLATING, IMPORTING = "setting its PID namespace up", "importing the tools"  # a start's two waits
-
-
-@dataclass
-class _Starting:
-    """A template being started (``WorkerPool._begin_start``): what it is waited for."""
-
-    pid: int
-    deadline: float
-    within: float
-    reader: framing.Reader
-    doing: str = ISOLATING
-    pid_ns: str = ""  # why it is not PID 1 of a namespace of its own ("" when it is)
-
-
-class StartupError(Exception):
-    """The executor cannot start (tool modules fail to import, endpoint in use, ...)."""
-
-
-class StartStopped(StartupError):
-    """The start was ended from outside while the tools were imported (a signal, the parent's exit)."""
 
 
 @dataclass
@@ -167,14 +126,7 @@ class WorkerPool:
         self.pidfds: dict[int, int] = {}
         self.have_pidfds = False  # the template sends them (pidfd_open: Linux 5.3)
         self.next_id = 0
-        self.specs: dict[str, ToolSpec] = {}
-        self.cgroups = ""
-        self.template_pid = 0
-        self.template: socket.socket | None = None
-        self.template_fd = -1
-        self.template_restarts = 0
-        self.pid_ns_warned = False
-        self.host_pids: pidns.HostPids | None = None  # the template's workers' host pids, when it has a namespace
+        self.keeper = TemplateKeeper(config)  # the template process: start, replace, back off, stop
         self.poller: zmq.Poller | None = None
         self.fd_owner: dict[int, tuple[Slot, str]] = {}
         self.spin_until = 0.0
@@ -182,152 +134,35 @@ class WorkerPool:
         self.refill_first = 0.0  # when it first became due
         self.sweep_due = False  # reused workers: the template should kill its stray children soon
         self.swept_at = 0.0
-        self.start_failures = 0  # replacement templates that could not start, since one last did
-        self.restart_at = 0.0  # when to try the next one
-        self.made_worker = False  # the template has forked a worker since it loaded the tools
         self.stopping = False
-        self.held = False  # the template is one forked ahead that waits for its Configure (``hold``)
-        self.starting: _Starting | None = None  # a template is being started: no workers, calls wait
 
     # ---------------------------------------------------------------- start-up and shutdown
 
+    @property
+    def specs(self) -> dict[str, ToolSpec]:
+        return self.keeper.specs
+
+    @property
+    def cgroups(self) -> str:
+        return self.keeper.cgroups
+
     def hold(self, forked: tuple[int, socket.socket]) -> None:
-        """Take as ours (to configure with ``start_template``, or to stop) the template ``serve`` forked
-        before this process had a ZeroMQ context (``executor.workers.spawn.early_template``, or
-        ``fork_template()``): it waits for its ``Configure`` and has read no tool module yet."""
-        self.template_pid, self.template = forked
-        self.held = True
+        """Take the template ``serve`` forked early (``TemplateKeeper.hold``)."""
+        self.keeper.hold(forked)
 
     def start_template(self, watch: dict[int, Callable[[], str]] | None = None) -> None:
-        """Start the first template and wait until it has loaded the tools (``_begin_start``): the
-        executor serves nothing before. ``watch``: descriptors that end the wait when readable (a
-        signal's wakeup pipe, the parent's pidfd), each with a function that says why ("" to go on):
-        raises ``StartStopped``. A replacement template (``_replace_template``) is started the same
-        way but waited for by the event loop, which goes on answering clients meanwhile."""
-        self._begin_start()
-        poller = select.poll()
-        for fd in (self.template_fd, *(watch or {})):
-            poller.register(fd, select.POLLIN)
-        while (starting := self.starting) is not None:
-            left = starting.deadline - time.monotonic()
-            ready = {fd for fd, _ in poller.poll(max(0, int(left * 1000) + 1))} if left > 0 else set()
-            for fd, why in (watch or {}).items():
-                if fd in ready and (reason := why()):
-                    self._end_start()
-                    raise StartStopped(reason)
-            if self.template_fd in ready:
-                fd = self.template_fd
-                self._start_step()
-                if self.starting is not None and self.template_fd != fd:  # a new template (no namespace)
-                    poller.unregister(fd)
-                    poller.register(self.template_fd, select.POLLIN)
-            elif left <= 0:
-                self._start_expired()
+        """Start the first template and wait until it has loaded the tools (``TemplateKeeper.start``)."""
+        self.keeper.start(watch)
 
-    def _begin_start(self) -> None:
-        """Take the held template, or fork a new interpreter (``executor.workers.template``; forked from this
-        process's memory, it would give its workers other clients' calls and results, our keys, and
-        ZeroMQ's threads), and wait for its first message (``_start_step``). Raises ``StartupError``
-        when the fork fails."""
-        if self.held and self.template is not None:
-            self.held = False
-        else:
-            try:
-                self.template_pid, self.template = spawn.fork_template(fresh=True)
-            except OSError as e:  # fork(): out of processes or memory
-                raise StartupError(f"cannot fork the tool template: {e}") from None
-        self.template_fd = self.template.fileno()
-        self.starting = _Starting(self.template_pid, time.monotonic() + NAMESPACE_WAIT, NAMESPACE_WAIT,
-                                  framing.Reader(self.template, ISOLATED_LIMIT, one=True))
-        if self.poller is not None:
-            self.poller.register(self.template_fd, zmq.POLLIN)
-
-    def _start_step(self) -> None:
-        """The starting template's channel is readable. Its first message, sent before it reads its
-        ``Configure`` and so before any tool code runs, says whether it has a PID namespace of its
-        own: only that one can turn namespaces off. Then the tools are imported, within
-        ``TEMPLATE_START_TIMEOUT`` for the whole of it (a template trickling bytes cannot stretch
-        it), and their report is read with bounds on its size and its decoding. Raises
-        ``StartupError`` (the template killed) if the start fails."""
-        starting = self.starting
-        assert starting is not None and self.template is not None
-        try:
-            frames, closed = starting.reader.feed()
-            msg = template_message(frames[0]) if frames else None
-        except (framing.FrameError, ChannelError) as e:
-            self._end_start()
-            raise StartupError(f"the tool template sent a bad message while {starting.doing}: {e}") from None
-        if msg is None:
-            if closed:
-                self._end_start()
-                raise StartupError(f"the tool template process died while {starting.doing}")
-            return
-        if starting.doing == ISOLATING:
-            if isinstance(msg, LoadFailed) and msg.message.startswith(pidns.FAILED) and not pidns.refused():
-                self._end_start()  # it cannot set its namespace up: run templates in ours, saying so
-                pidns.refuse(msg.message.removeprefix(pidns.FAILED))
-                self._begin_start()  # (once: pidns.refused() now, so no new template tries a namespace)
-                return
-            if not isinstance(msg, Isolated):
-                self._end_start()
-                raise StartupError(f"the tool template could not start: {_said(msg)}")
-            starting.pid_ns = msg.pid_ns
-            configure = Configure(worker=self.config.to_wire(), hardened=hardening.export(),
-                                  log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
-                                  sys_path=list(sys.path))
-            with contextlib.suppress(OSError):  # it died at once: its EOF comes next
-                self.template.settimeout(TEMPLATE_READ_TIMEOUT)
-                framing.send(self.template, configure.to_wire())
-            starting.doing, starting.within = IMPORTING, TEMPLATE_START_TIMEOUT
-            starting.deadline = time.monotonic() + TEMPLATE_START_TIMEOUT
-            starting.reader = framing.Reader(self.template, TOOLS_LOADED_LIMIT, one=True)
-            return
-        if not isinstance(msg, ToolsLoaded):  # a LoadFailed, whatever its text says, is only that
-            self._end_start()
-            raise StartupError(_said(msg))
-        self.host_pids = None
-        if not starting.pid_ns:  # PID 1 of its own namespace: it names its workers by their pids there
-            template = pidns.template_in(self.template_pid)
-            if not template:
-                self._end_start()
-                raise StartupError("the template says it is PID 1 of a namespace of its own, but no such child is "
-                                   f"under process {starting.pid}")
-            self.host_pids = pidns.HostPids(template)
-        if starting.pid_ns and not self.pid_ns_warned:
-            self.pid_ns_warned = True
-            log.warning("workers run in the executor's own PID namespace (%s): a tool can signal the executor's "
-                        "processes and every other process of its user; run as root, allow unprivileged user "
-                        "namespaces, or use --profile hardened", starting.pid_ns)
-        specs = {s["name"]: ToolSpec.model_validate(s) for s in msg.specs}
-        if self.specs and specs != self.specs:
-            log.warning("the new template's tools differ from the first one's; keeping the first list")
-        else:
-            self.specs = specs
-        self.cgroups = msg.cgroups
-        self.starting = None
-        if self.template_restarts:
-            log.info("the new template has loaded the tools")
-        self.made_worker = False
-
-    def _start_expired(self) -> None:
-        starting = self.starting
-        assert starting is not None
-        self._end_start()
-        raise StartupError(f"the tool template was still {starting.doing} after {starting.within:g} s; it was killed")
-
-    def _end_start(self) -> None:
-        """A start that failed or was stopped: its template is killed (with, where it had no PID
-        namespace to take them along, what its tool modules started), and its channel closed."""
-        self.starting = None
-        self._kill_template(wait=REPLACE_WAIT)
-        self._drop_channel()
-        kill_children(wait=REPLACE_WAIT)  # its orphans came to us (this process is a subreaper)
+    def stop_template(self) -> None:
+        """Stop the template (``TemplateKeeper.stop``): at shutdown, or after a refused start."""
+        self.keeper.stop()
 
     def attach(self, poller: zmq.Poller) -> None:
         """Register with the supervisor's poller and start the workers."""
-        self.poller = poller
-        if self.template is not None:
-            poller.register(self.template_fd, zmq.POLLIN)
+        self.poller = self.keeper.poller = poller
+        if self.keeper.channel is not None:
+            poller.register(self.keeper.fd, zmq.POLLIN)
         self._refill()
 
     def stop(self) -> None:
@@ -335,7 +170,7 @@ class WorkerPool:
         for slot in list(self.slots.values()):
             self._signal(slot.pid)
             self._close_slot(slot)
-        self.stop_template()
+        self.keeper.stop()
         self._close_pidfds()
         self._remove_groups()
 
@@ -347,56 +182,12 @@ class WorkerPool:
             if support is not None:
                 support.remove_named(f"{self.executor_id}-", wait=SHUTDOWN_WAIT)
 
-    def stop_template(self) -> None:
-        if self.starting is not None:  # it is importing the tools, and would read its EOF only after
-            self._end_start()
-        self._drop_channel()  # the template kills what is left and exits on EOF (a held one: at once)
-        if self.template_pid:
-            deadline = time.monotonic() + 2.0
-            while time.monotonic() < deadline:
-                pid, _ = os.waitpid(self.template_pid, os.WNOHANG)
-                if pid:
-                    break
-                if procfs.exiting(self.template_pid):
-                    # The init of the workers' PID namespace stays in its exit until the kernel has
-                    # killed everything in it: one that SIGKILL cannot stop yet (frozen, uninterruptible)
-                    # holds it there. It is on its way; as our child it is reaped when it is done.
-                    break
-                time.sleep(0.01)
-            else:
-                self._kill_template()
-            self.template_pid = 0
-        kill_children(wait=SHUTDOWN_WAIT)  # as a subreaper we hold whatever the template's tree left behind
-
-    def _drop_channel(self) -> None:
-        """Close our end of the template's channel (the template sees EOF)."""
-        self.held = False
-        if self.template is not None:
-            if self.poller is not None:
-                with contextlib.suppress(KeyError, zmq.ZMQError):
-                    self.poller.unregister(self.template_fd)
-            self.template.close()
-            self.template = None
-
-    def _kill_template(self, wait: float = KILL_GRACE) -> None:
-        """SIGKILL the template and reap it, waiting at most ``wait`` (one that SIGKILL cannot stop
-        yet, frozen or in uninterruptible sleep, is left; as our child it is reaped when it dies)."""
-        if self.template_pid:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.template_pid, signal.SIGKILL)
-            deadline = time.monotonic() + wait
-            with contextlib.suppress(ChildProcessError):
-                while not os.waitpid(self.template_pid, os.WNOHANG)[0] and time.monotonic() < deadline:
-                    time.sleep(0.005)
-            self.template_pid = 0
-
     def _replace_template(self, why: str) -> None:
         """The template is gone or stopped answering: answer what it owed, kill its whole tree, start
         a new one. Calls its workers had started are lost with them (answered ``crashed``); calls
         they had not started yet go back to the queue."""
         log.error("the template process %s; replacing it", why)
-        self._drop_channel()
-        self._kill_template(wait=REPLACE_WAIT)
+        self.keeper.discard()
         for slot in list(self.slots.values()):
             self._kill(slot, "its template is gone")  # first: a killed worker runs no more code
         for slot in list(self.slots.values()):
@@ -414,16 +205,9 @@ class WorkerPool:
         self._close_pidfds()  # the old template's workers are dead or abandoned: never signalled again
         kill_children(wait=REPLACE_WAIT)  # the old template's orphans came to us (what SIGKILL cannot stop is left)
         self._remove_groups()
-        self.template_restarts += 1
         # The new template is waited for by the loop (``_on_template``), which goes on answering
-        # pings, status and the broker meanwhile; calls wait in the queue, within their bounds. One
-        # that dies before it made a worker (a tool module that breaks every fork, say) counts
-        # as a start that failed: the next waits its backoff, not a loop of interpreters.
-        if not self.made_worker:
-            self._start_failed(StartupError(f"the last template {why} before it made a worker"))
-        else:
-            self.start_failures = 0
-            self._restart()
+        # pings, status and the broker meanwhile; calls wait in the queue, within their bounds.
+        self.keeper.replace(why)
 
     # ---------------------------------------------------------------- the loop's view
 
@@ -454,11 +238,7 @@ class WorkerPool:
             wait = min(wait, self.refill_at - now)
         if self.sweep_due:
             wait = min(wait, self.swept_at + SWEEP_INTERVAL - now)
-        if self.starting is not None:
-            wait = min(wait, self.starting.deadline - now)
-        if self.restart_at:
-            wait = min(wait, self.restart_at - now)
-        return wait
+        return min(wait, self.keeper.due(now))
 
     def handle(self, events: dict[Any, int]) -> None:
         """Serve the pool's descriptors among the poller's events: workers first, so that a reply is
@@ -475,7 +255,7 @@ class WorkerPool:
                     self._flush(slot)
                 if mask & ~zmq.POLLOUT and slot.id in self.slots:
                     self._on_worker(slot)
-        if self.template is not None and self.template_fd in events:
+        if self.keeper.channel is not None and self.keeper.fd in events:
             self._on_template()
 
     def cancel(self, job: Job, outcome: Result) -> bool:
@@ -518,7 +298,8 @@ class WorkerPool:
         setting up its control group take the CPU the running call and its answer need (on 2 cores
         that doubled a no-op call's latency). A call that waits for a worker while none is ready
         makes the refill ``urgent``."""
-        if self.template is None or self.starting is not None or self.stopping:
+        channel = self.keeper.channel if self.keeper.serving else None
+        if channel is None or self.stopping:
             return
         if self.config.reuse:
             want = self.size - len([s for s in self.slots.values() if not s.killed and not s.closed_at])
@@ -540,25 +321,19 @@ class WorkerPool:
             self.next_id += 1
             self.spawning[self.next_id] = time.monotonic()
             try:
-                framing.send(self.template, Spawn(worker=self.next_id, rehearse=rehearse).to_wire())
+                framing.send(channel, Spawn(worker=self.next_id, rehearse=rehearse).to_wire())
             except OSError:
                 break  # the template is gone; its channel's EOF replaces it
 
     def check_deadlines(self, now: float) -> None:
         if self.refill_at and now >= self.refill_at:
             self._refill()
-        if self.restart_at and now >= self.restart_at and not self.stopping:
-            self._restart()
-        if self.starting is not None and now >= self.starting.deadline:
-            try:
-                self._start_expired()
-            except StartupError as e:
-                self._start_failed(e)
-        if self.sweep_due and now >= self.swept_at + SWEEP_INTERVAL and self.template is not None \
-                and self.starting is None:
+        self.keeper.tick(now, self.stopping)
+        channel = self.keeper.channel if self.keeper.serving else None
+        if self.sweep_due and now >= self.swept_at + SWEEP_INTERVAL and channel is not None:
             self.sweep_due, self.swept_at = False, now
             with contextlib.suppress(OSError):
-                framing.send(self.template, Sweep().to_wire())
+                framing.send(channel, Sweep().to_wire())
         for slot in list(self.slots.values()):
             job = slot.job
             if job is not None and not slot.killed and not slot.started and now >= slot.start_by:
@@ -590,42 +365,20 @@ class WorkerPool:
                     log.warning("worker pid %d answered its call but did not exit; killing it", pid)
                 self.ended.discard(pid)
                 self._signal(pid)
-        if self.template is not None and any(now >= t + TEMPLATE_ANSWER_TIMEOUT for t in self.spawning.values()):
+        if self.keeper.serving and any(now >= t + TEMPLATE_ANSWER_TIMEOUT for t in self.spawning.values()):
             self._replace_template(f"did not answer a spawn request within {TEMPLATE_ANSWER_TIMEOUT:g} s "
                                    "(stopped or wedged)")
 
     # ---------------------------------------------------------------- workers
 
-    def _start_failed(self, e: StartupError) -> None:
-        """A replacement template could not start: try again later, never stop for it (calls wait in
-        the queue meanwhile, within their timeouts and ``--max-queue-wait``)."""
-        wait = backoff(self.start_failures, RESTART_INITIAL, RESTART_MAX)
-        self.start_failures += 1
-        self.restart_at = time.monotonic() + wait
-        log.error("cannot start a new template (attempt %d): %s; trying again in %.1f s", self.start_failures, e,
-                  wait)
-
-    def _restart(self) -> None:
-        """Start a replacement template (waited for by the loop); a fork that fails is tried again."""
-        self.restart_at = 0.0
-        try:
-            self._begin_start()
-        except StartupError as e:
-            self._start_failed(e)
-
     def _on_template(self) -> None:
-        assert self.template is not None
-        if self.starting is not None:
-            try:
-                self._start_step()
-            except StartupError as e:
-                self._start_failed(e)
-                return
-            if self.starting is None:
+        assert self.keeper.channel is not None
+        if self.keeper.starting:
+            if self.keeper.step():
                 self._refill()
             return
         try:
-            raw, fds = framing.recv_with_fds(self.template, limit=TEMPLATE_FRAME_LIMIT)
+            raw, fds = framing.recv_with_fds(self.keeper.channel, limit=TEMPLATE_FRAME_LIMIT)
             msg = template_message(raw)
         except (EOFError, ConnectionResetError):  # (a reset: it died with data we had not read)
             self._replace_template("died")
@@ -644,7 +397,7 @@ class WorkerPool:
             self._refill(urgent=bool(self.queued()))
             return
         elif isinstance(msg, Spawned) and len(fds) >= 3:
-            self.made_worker = True
+            self.keeper.made_worker = True
             wid = msg.worker
             self.spawning.pop(wid, None)
             if len(fds) >= 4:
@@ -664,7 +417,7 @@ class WorkerPool:
             log.debug("worker %d ready (pid %d)", slot.id, slot.pid)
             self.dispatch()
         elif isinstance(msg, Exited):
-            pid = self.host_pids.forget(msg.pid) if self.host_pids is not None else msg.pid
+            pid = self.keeper.host_pids.forget(msg.pid) if self.keeper.host_pids is not None else msg.pid
             if pid <= 0:
                 return  # a worker that was gone before we knew it (logged then)
             self._forget_pidfd(pid)  # it is dead and reaped: its pid may be another process's now
@@ -693,10 +446,10 @@ class WorkerPool:
         if pidfd:
             host = pidns.pid_of_pidfd(pidfd[0])
             if host is not None:
-                if host > 0 and self.host_pids is not None:
-                    self.host_pids.remember(pid, host)
+                if host > 0 and self.keeper.host_pids is not None:
+                    self.keeper.host_pids.remember(pid, host)
                 return host
-        return self.host_pids.of(pid) if self.host_pids is not None else pid
+        return self.keeper.host_pids.of(pid) if self.keeper.host_pids is not None else pid
 
     def _signal(self, pid: int) -> None:
         """SIGKILL worker process ``pid``: through its pidfd, or, where the template sends none, by
@@ -972,11 +725,6 @@ class WorkerPool:
         if fd >= 0 and self.fd_owner.pop(fd, None) is not None and self.poller is not None:
             with contextlib.suppress(KeyError, zmq.ZMQError):
                 self.poller.unregister(fd)
-
-
-def _said(msg: TemplateMessage) -> str:
-    """A template's message where another was due, for an error."""
-    return msg.message if isinstance(msg, LoadFailed) else f"unexpected {msg.OP!r} message"
 
 
 def _death_result(job: Job, sig: int, code: int | None, oom: bool = False, cpu_s: float = 0.0) -> Result:

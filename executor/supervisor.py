@@ -25,8 +25,9 @@ from executor.calls import MAX_QUEUE_BYTES, MAX_QUEUE_WAIT, CallTable, Job, fing
 from executor.clientside.base import ClientSide, EndpointError
 from executor.clientside.brokerlink import BrokerLink
 from executor.clientside.router import RouterEndpoint
+from executor.keeper import StartStopped, StartupError
 from executor.metrics import CallStats, MetricsServer
-from executor.pool import StartStopped, StartupError, WorkerPool
+from executor.pool import WorkerPool
 from executor.workers.limits import effective_limits, requested_timeout
 from executor.workers.privacy import not_dumpable, scrub_initial_environment
 from executor.workers.spawn import enter_workspace, fork_template

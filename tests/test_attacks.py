@@ -40,7 +40,8 @@ import psutil
 import pytest
 
 from controller import ExecutorClient, ExecutorUnavailable, LocalExecutor
-from executor.pool import KILL_GRACE, RETIRE_GRACE, TEMPLATE_ANSWER_TIMEOUT
+from executor.keeper import KILL_GRACE
+from executor.pool import RETIRE_GRACE, TEMPLATE_ANSWER_TIMEOUT
 from executor.workers.cgroups import CgroupSupport
 from protocol import Call, Result, encode
 from protocol.environment import ALWAYS, ALWAYS_PREFIXES

@@ -71,7 +71,7 @@ def test_the_spec_states_the_constants_the_code_uses() -> None:
     assert f"`SILENCE_BEFORE_RECONNECT` = {client.SILENCE_BEFORE_RECONNECT:g} s" in SPEC
     assert f"`UNAVAILABLE_AFTER` = {client.UNAVAILABLE_AFTER:g} s" in SPEC
     assert f"`FIRST_CONTACT_WAIT` = {client.FIRST_CONTACT_WAIT:g} s" in SPEC
-    from executor.pool import TEMPLATE_START_TIMEOUT  # an executor still loading its tools is waited for
+    from executor.keeper import TEMPLATE_START_TIMEOUT  # an executor still loading its tools is waited for
 
     assert client.FIRST_CONTACT_WAIT > TEMPLATE_START_TIMEOUT and f"up to {TEMPLATE_START_TIMEOUT:g} s" in SPEC
 

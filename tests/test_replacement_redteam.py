@@ -1,4 +1,4 @@
-"""Red team of template replacement (``WorkerPool._replace_template``, ``_restart``,
+"""Red team of template replacement (``WorkerPool._replace_template``, ``TemplateKeeper.replace``,
 ``_start_failed``): when the template dies or wedges, the supervisor starts a new one (a fresh
 interpreter importing the tools again) while its event loop goes on answering, and one that cannot
 start is tried again with backoff (0.5 s doubling to 30 s) without the executor ever exiting for it.

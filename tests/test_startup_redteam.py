@@ -53,9 +53,9 @@ BLOAT = str(TOOLS / "startup_bloat.py")
 # Only what the executor would keep anyway: it then does not exec itself again without secrets
 # (``reexec_without_secrets``), so a constant patched by ``PATCHED`` stays patched.
 ENV = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "TMPDIR")}
-# ``serve`` with the template's import bound (``executor.pool.TEMPLATE_START_TIMEOUT``, 60 s) made
+# ``serve`` with the template's import bound (``executor.keeper.TEMPLATE_START_TIMEOUT``, 60 s) made
 # shorter, so that a test can go past it within the suite's time; nothing else is changed.
-PATCHED = ("import sys, executor.pool as p; p.TEMPLATE_START_TIMEOUT = float(sys.argv.pop(1)); "
+PATCHED = ("import sys, executor.keeper as k; k.TEMPLATE_START_TIMEOUT = float(sys.argv.pop(1)); "
            "from executor.cli import main; sys.exit(main())")
 EXIT_BOUND = 5.0  # seconds in which an executor told to stop (or unable to start) must have exited
 MiB = 1024 * 1024
