@@ -9,9 +9,11 @@ from controller.backend import choose_backend, should_use_react_agent
 from controller.client import ExecutorClient, ExecutorUnavailable
 from controller.local import ExecutorStartError, LocalExecutor
 from controller.toolclient import ToolClient
+from protocol.errors import CiaynError
 
 __all__ = [
     "Agent",
+    "CiaynError",
     "ExecutorClient",
     "ExecutorStartError",
     "ExecutorUnavailable",

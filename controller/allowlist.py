@@ -15,9 +15,10 @@ from concurrent.futures import Future
 
 from controller.toolclient import ToolClient
 from protocol import Call, Result, ToolSpec
+from protocol.errors import CiaynError
 
 
-class UnknownTools(ValueError):
+class UnknownTools(CiaynError, ValueError):
     """The allowlist names tools the executor does not have; ``str()`` names them and the ones it has."""
 
 

@@ -52,6 +52,7 @@ from protocol import (
     parse_call,
 )
 from protocol.codec import valid_id
+from protocol.errors import CiaynError
 from protocol.messages import ID_PATTERN, MAX_TIMEOUT_S
 from protocol.wire import LogBudget, bound_socket, ipc_owner_problem, ipc_path, recv_message
 
@@ -68,7 +69,7 @@ RECV_BUDGET_S = 0.02  # seconds spent taking messages per turn of the I/O loop
 RECV_HWM = 4  # messages ZeroMQ takes off the connection ahead of the I/O thread (each up to 128 MiB)
 
 
-class ExecutorUnavailable(Exception):
+class ExecutorUnavailable(CiaynError):
     """No executor answered in time (only ``tools()`` raises it; calls get a result instead)."""
 
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from protocol.errors import CiaynError
+
 ENV_PREFIX = "CIAYN_"
 CONFIG_ENV = "CIAYN_CONFIG"
 CONFIG_FILE = "ciayn.toml"
@@ -55,7 +57,7 @@ SETTINGS: dict[str, Any] = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(CiaynError, ValueError):
     """A setting that cannot be used; the message names where it came from."""
 
 

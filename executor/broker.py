@@ -89,6 +89,7 @@ from protocol import (
     Welcome,
     encode,
 )
+from protocol.errors import CiaynError
 from protocol.messages import BROKER_CAPACITY, MAX_TIMEOUT_S
 from protocol.spec import MAX_TOOLS
 from protocol.timing import (
@@ -110,7 +111,7 @@ MAX_LOCATIONS = 262_144
 CLIENT_SHARE = 4  # one client may fill at most 1/CLIENT_SHARE of the queue's bytes
 
 
-class BrokerError(Exception):
+class BrokerError(CiaynError):
     """The broker cannot start (endpoint in use, bad keys)."""
 
 

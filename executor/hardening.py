@@ -72,6 +72,7 @@ from typing import Any
 
 from executor import overlay
 from executor.workers import cgroups
+from protocol.errors import CiaynError
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -126,7 +127,7 @@ NOBODY = 65534
 TMPFS_INODES = 65536  # files in /tmp or /dev/shm: their inodes are kernel memory
 
 
-class LayerError(Exception):
+class LayerError(CiaynError):
     """A layer could not be applied (in a worker) or is missing on this machine; names the layer."""
 
     def __init__(self, layer: str, message: str) -> None:

@@ -49,6 +49,7 @@ from executor.workers.channel import (
 from executor.workers.processes import SHUTDOWN_WAIT, kill_children
 from executor.workers.worker import WorkerConfig
 from protocol import ToolSpec
+from protocol.errors import CiaynError
 from protocol.timing import backoff
 
 log = logging.getLogger("ciayn-executor")
@@ -74,7 +75,7 @@ class Phase(enum.Enum):
     BACKING_OFF = "backing off"
 
 
-class StartupError(Exception):
+class StartupError(CiaynError):
     """The executor cannot start (tool modules fail to import, endpoint in use, ...)."""
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from protocol import ToolSpec, ValueRefused, check_value
+from protocol.errors import CiaynError
 from protocol.spec import MAX_NAME_CHARS, MAX_TOOLS, ToolDefinitionError
 
 log = logging.getLogger("ciayn.executor.registry")
@@ -30,7 +31,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _MARK = "__ciayn_tool__"
 
 
-class RegistryError(Exception):
+class RegistryError(CiaynError):
     """A tool module that cannot be loaded, or tools that clash; the message is for the operator."""
 
 

@@ -16,12 +16,13 @@ import zmq
 
 from executor.metrics import quantile
 from protocol import ProtocolError, Report, Status, decode, encode
+from protocol.errors import CiaynError
 from protocol.wire import bound_socket, recv_message
 
 DEFAULT_TIMEOUT = 5.0
 
 
-class StatusError(Exception):
+class StatusError(CiaynError):
     """No report: the endpoint did not answer, or answered something else."""
 
 

@@ -5,6 +5,7 @@ bodies and their codec. It imports nothing from ``controller`` or ``executor``. 
 """
 
 from protocol.codec import MAX_FRAME_BYTES, VERSION, ProtocolError, decode, encode
+from protocol.errors import CiaynError
 from protocol.fingerprint import fingerprint, resend_key
 from protocol.grammar import CallRejected, parse_call, parse_calls, split_think, strip_markup
 from protocol.messages import (
@@ -47,6 +48,7 @@ __all__ = [
     "Call",
     "CallRejected",
     "Cancel",
+    "CiaynError",
     "ErrorInfo",
     "ErrorKind",
     "ExecutorStatus",

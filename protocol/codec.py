@@ -21,6 +21,7 @@ from typing import Any
 import msgpack
 from pydantic import ValidationError
 
+from protocol.errors import CiaynError
 from protocol.messages import (
     BY_KIND,
     ID_PATTERN,
@@ -57,7 +58,7 @@ _ID_KINDS = ("call", "result")  # a readable id in these is echoed (a cancel's r
 _ID_CHARS = frozenset(range(0x21, 0x7F))
 
 
-class ProtocolError(ValueError):
+class ProtocolError(CiaynError, ValueError):
     """A message that could not be encoded or decoded. ``error`` is a ready ErrorInfo (kind
     ``protocol``, or ``bad_arguments`` for a call whose only fault is its timeout); ``call_id`` is the
     id of the offending call when it could be read; ``about`` the message kind when it was known and

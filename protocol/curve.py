@@ -23,8 +23,10 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
+from protocol.errors import CiaynError
 
-class CurveError(Exception):
+
+class CurveError(CiaynError):
     """A key file that is missing, unreadable or of the wrong kind; the message says which."""
 
 

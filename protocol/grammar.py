@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from protocol.errors import CiaynError
 from protocol.messages import Call
 from protocol.spec import BindError, ToolSpec
 from protocol.values import INT_MAX, INT_MIN
@@ -78,7 +79,7 @@ _NODE_WORDS: dict[type[ast.AST], str] = {
 }
 
 
-class CallRejected(ValueError):
+class CallRejected(CiaynError, ValueError):
     """Model output that is not one valid call. ``str()`` is a message for the model.
 
     ``code`` is a short machine-readable reason (``syntax``, ``not_a_call``, ``callee``, ``argument``,

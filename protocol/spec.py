@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, field_validator
 
+from protocol.errors import CiaynError
+
 ParamKind = Literal["positional_only", "positional_or_keyword", "var_positional", "keyword_only", "var_keyword"]
 _KINDS: dict[Any, ParamKind] = {
     inspect.Parameter.POSITIONAL_ONLY: "positional_only",
@@ -34,11 +36,11 @@ MAX_SCHEMA_DEPTH = 32
 MAX_TOOLS = 1024  # tools an executor, or a whole pool behind a broker, serves
 
 
-class BindError(ValueError):
+class BindError(CiaynError, ValueError):
     """Arguments that do not fit a tool's signature; the message names the parameter."""
 
 
-class ToolDefinitionError(ValueError):
+class ToolDefinitionError(CiaynError, ValueError):
     """A tool whose definition cannot be used (an annotation that does not resolve); the message names
     the tool and the parameter."""
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from protocol.errors import CiaynError
+
 MAX_DEPTH = 64  # containers below a field's own value: a field's value nests at most 65 containers
 MAX_ELEMENTS = 256 * 1024  # what one message may cost (see above): bounds the receiver's work
 CONTAINER_COST = 4  # what a container costs beyond its items: building one costs more than a scalar
@@ -22,7 +24,7 @@ INT_MIN = -(2**63)
 INT_MAX = 2**64 - 1
 
 
-class ValueRefused(ValueError):
+class ValueRefused(CiaynError, ValueError):
     """A value that msgpack (or this protocol) cannot carry."""
 
 

@@ -15,6 +15,7 @@ from typing import Protocol
 import zmq
 
 from protocol import Message, ProtocolError
+from protocol.errors import CiaynError
 
 SHUTDOWN_LINGER_MS = 500
 RECV_BATCH = 1000  # messages taken per wake-up, so deadlines and workers are served in between...
@@ -25,7 +26,7 @@ OUTBOX_BYTES = 256 * 1024 * 1024  # answers held for one client (its outbox and 
 OUTBOX_RETRY = 0.01  # seconds between attempts to send held answers
 
 
-class EndpointError(Exception):
+class EndpointError(CiaynError):
     """The endpoint cannot be opened (in use, bad address, bad keys)."""
 
 
