@@ -89,6 +89,10 @@ else [tool.ciayn] in ./pyproject.toml (keys are option names: model = "openai/gp
 Precedence: command line, then environment, then file, then the defaults shown here.
 """
 LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_LOG_LEVEL = "info"  # as ciayn-executor's
+# Libraries that log every request at info (httpx: each HTTP request; LiteLLM: each completion): their
+# records show at debug only, so that info is ciayn's own lines.
+CHATTY_LIBRARIES = ("httpx", "httpcore", "LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "openai", "urllib3")
 
 
 def _version() -> str:
@@ -103,10 +107,11 @@ def _version() -> str:
 def _common_options(p: argparse.ArgumentParser, top: bool) -> None:
     """--log-level and -v, on the top parser and (so they may follow the command) on each command."""
     p.add_argument("--log-level", choices=LOG_LEVELS, metavar="LEVEL", default=None if top else argparse.SUPPRESS,
-                   help="log verbosity on stderr, with timestamps: debug, info, warning, error (default: warning; "
+                   help="log verbosity on stderr, with timestamps: debug, info, warning, error (default: "
+                   f"{DEFAULT_LOG_LEVEL}, as ciayn-executor's; the model libraries' own lines only at debug; "
                    "CIAYN_LOG_LEVEL); a private executor logs at this level too")
     p.add_argument("-v", "--verbose", action="count", default=0 if top else argparse.SUPPRESS,
-                   help="more log output: -v info, -vv debug")
+                   help="more log output: -v is --log-level debug")
 
 
 def _executor_options(p: argparse.ArgumentParser) -> None:
@@ -151,29 +156,31 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run an agent on a task", description=DESCRIPTION,
                          epilog=RUN_EPILOG + "\n" + CONFIG_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("task", help="what the agent should do")
-    run.add_argument("--model",
-                     help="litellm model string, e.g. openai/gpt-4o-mini; 'local' (default) serves the embedded "
-                     "SmolLM2-135M model on 127.0.0.1")
+    run.add_argument("--model", metavar="MODEL",
+                     help="litellm model string, e.g. openai/gpt-4o-mini; 'local' serves the embedded "
+                     "SmolLM2-135M model on 127.0.0.1 (default: local)")
     run.add_argument("--api-base", metavar="URL", help="base URL of an OpenAI-compatible server for the model")
-    run.add_argument("--backend", choices=["auto", "react", "ciayn"],
+    run.add_argument("--backend", choices=["auto", "react", "ciayn"], metavar="BACKEND",
                      help="react: native tool calling (LangGraph); ciayn: one line of Python per step; "
-                     "auto (default): react when the model is known to call tools well")
-    run.add_argument("--max-steps", type=POSITIVE_INT, metavar="N", help="model requests before stopping (30)")
+                     "auto: react when the model is known to call tools well (default: auto)")
+    run.add_argument("--max-steps", type=POSITIVE_INT, metavar="N", help="model requests before stopping (default: 30)")
     run.add_argument("--max-cost", type=POSITIVE_FLOAT, metavar="USD",
                      help="stop once this much is spent (only for models litellm has a price for; see "
                      "--max-tokens-total)")
     run.add_argument("--max-tokens-total", type=POSITIVE_INT, metavar="N",
                      help="stop once the run has used this many tokens (prompt and reply, all steps)")
-    run.add_argument("--grammar", choices=["auto", "on", "off"],
-                     help="constrain CIAYN replies with a GBNF grammar (auto: on for the local model)")
+    run.add_argument("--grammar", choices=["auto", "on", "off"], metavar="MODE",
+                     help="constrain CIAYN replies with a GBNF grammar: on, off, or auto: on for the local model "
+                     "(default: auto)")
     run.add_argument("--allow-tools", metavar="NAMES",
                      help="comma-separated tool names: offer the model only these (e.g. list_dir,read_file,"
                      "complete_task); calls to any other tool are refused without reaching the executor")
-    run.add_argument("--prompt", choices=["auto", "full", "compact"],
+    run.add_argument("--prompt", choices=["auto", "full", "compact"], metavar="PROMPT",
                      help="CIAYN prompt: full rules and docstrings, or compact (short rules, one line per tool, "
-                     "and demonstrated example turns) for small models (auto: compact for the local model)")
+                     "and demonstrated example turns) for small models, or auto: compact for the local model "
+                     "(default: auto)")
     run.add_argument("--temperature", type=NON_NEGATIVE_FLOAT, metavar="T",
-                     help="sampling temperature (default 0: the most likely reply)")
+                     help="sampling temperature (default: 0, the most likely reply)")
     run.add_argument("--seed", type=int, metavar="N",
                      help="sampling seed, for servers that take one (llama.cpp, OpenAI)")
     run.add_argument("--max-tokens", type=POSITIVE_INT, metavar="N",
@@ -600,10 +607,13 @@ def _setup_logging(args: argparse.Namespace) -> None:
     if level is not None and level not in LOG_LEVELS:
         raise UserError(f"CIAYN_LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, not {level!r}")
     if level is None and args.verbose:
-        level = "info" if args.verbose == 1 else "debug"
+        level = "debug"
     args.log_level = level
-    logging.basicConfig(stream=sys.stderr, level=(level or "warning").upper(),
+    logging.basicConfig(stream=sys.stderr, level=(level or DEFAULT_LOG_LEVEL).upper(),
                         format="%(asctime)s ciayn[%(process)d] %(levelname)s %(name)s: %(message)s")
+    if level != "debug":
+        for name in CHATTY_LIBRARIES:
+            logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
@@ -618,7 +628,9 @@ def main(argv: list[str] | None = None) -> int:
     from controller.config import ConfigError, apply, read_layers
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # after a command, that command's usage (`ciayn run x --bogus`), not the top level's
+        _command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     handlers = {"run": cmd_run, "call": cmd_call, "tools": cmd_tools}
     try:
         _setup_logging(args)

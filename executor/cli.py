@@ -22,10 +22,13 @@ replaced; the caller gets a clear error.
 SERVE_EPILOG = """\
 examples:
   ciayn-executor serve --tools executor.toolkits.builtin --bind ipc:///tmp/ciayn/exec.sock
-  ciayn-executor serve --tools ./my_tools.py --bind tcp://127.0.0.1:5555 --workers 4 --timeout 10
-  ciayn-executor serve --tools executor.toolkits.builtin --connect tcp://127.0.0.1:5556 --workers 4
+  ciayn-executor serve --tools ./my_tools.py --bind tcp://0.0.0.0:5555 --workers 4 --timeout 10 \\
+      --max-timeout 60 --curve-secret keys/executor.key_secret --curve-clients keys/clients
+  ciayn-executor serve --tools executor.toolkits.builtin --connect ipc:///run/ciayn/pool-backend.sock --workers 4
 
-Tools are plain functions marked with @executor.tool(...) or listed in the module's __all__.
+Over tcp, CurveZMQ: `ciayn-executor keygen keys executor` writes the key pair, and keys/clients holds
+the public key file (NAME.key, from `ciayn-executor keygen DIR NAME`) of each client admitted. Tools
+are plain functions marked with @executor.tool(...) or listed in the module's __all__.
 """
 
 
@@ -40,9 +43,40 @@ def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
     return parse
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ciayn-sandbox")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _log_options(p: argparse.ArgumentParser) -> None:
+    """--log-level and -v, worded as ``ciayn``'s (the same default: info)."""
+    p.add_argument("--log-level", choices=LOG_LEVELS, metavar="LEVEL", default=None,
+                   help="log verbosity on stderr, with timestamps: debug, info, warning, error (default: info)")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log output: -v is --log-level debug")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, except that an unknown option after a command is answered with that
+    command's usage (``serve --bogus``: serve's usage, not the top level's)."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = str(getattr(args, "command", ""))
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        subparsers.choices.get(command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ciayn-executor", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = sub.add_parser("serve", help="serve tool modules on an endpoint", description=DESCRIPTION,
                            epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,14 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     where = serve.add_mutually_exclusive_group(required=True)
     where.add_argument("--bind", metavar="ENDPOINT",
                        help="ZeroMQ endpoint to listen on, e.g. ipc:///run/ciayn.sock or tcp://127.0.0.1:5555")
-    where.add_argument("--connect", metavar="BACKEND",
+    where.add_argument("--connect", metavar="ENDPOINT",
                        help="join a pool instead: connect to a broker's backend endpoint (`ciayn-executor broker`). "
                        "It reconnects by itself; if the broker refuses it (another executor serves a tool of the "
                        "same name differently, or a live executor on another connection holds its id) it does not "
                        "stop: it logs why and announces itself again after 1 s, doubling up to 10 s, until the "
                        "conflict is gone")
     d = Limits()
-    serve.add_argument("--workers", type=_positive(int), default=1,
+    serve.add_argument("--workers", metavar="N", type=_positive(int), default=1,
                        help="calls run at once (default: 1); each call gets a fresh worker process, and as many "
                        "are kept forked ahead")
     serve.add_argument("--reuse-workers", action="store_true",
@@ -76,27 +110,27 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the longest any call may run, seconds: a ceiling on every timeout, whether the "
                        "call, its tool or --timeout set it; a call asking for more runs under this one and its "
                        f"timeout error says so. Reported in hello and status (default: {MAX_TIMEOUT_S:g}, a day)")
-    serve.add_argument("--cpu-s", type=_positive(float), default=None,
+    serve.add_argument("--cpu-s", metavar="S", type=_positive(float), default=None,
                        help="CPU seconds per call (default: the timeout plus 1)")
-    serve.add_argument("--memory-mb", type=_positive(int), default=d.memory_mb,
+    serve.add_argument("--memory-mb", metavar="MB", type=_positive(int), default=d.memory_mb,
                        help=f"memory per worker, MB (default: {d.memory_mb})")
-    serve.add_argument("--max-output-kb", type=_positive(int), default=d.max_output_kb,
+    serve.add_argument("--max-output-kb", metavar="KB", type=_positive(int), default=d.max_output_kb,
                        help=f"cap on stdout and on stderr per call, KB (default: {d.max_output_kb})")
-    serve.add_argument("--max-result-kb", type=_positive(int), default=d.max_result_kb,
+    serve.add_argument("--max-result-kb", metavar="KB", type=_positive(int), default=d.max_result_kb,
                        help=f"cap on the encoded return value, KB (default: {d.max_result_kb})")
-    serve.add_argument("--max-queue", type=_positive(int), default=256,
+    serve.add_argument("--max-queue", metavar="N", type=_positive(int), default=256,
                        help="calls waiting for a worker before new ones are refused (default: 256)")
-    serve.add_argument("--max-queue-mb", type=_positive(int), default=1024,
+    serve.add_argument("--max-queue-mb", metavar="MB", type=_positive(int), default=1024,
                        help="encoded arguments of the calls waiting for a worker, MiB, before new ones are refused "
                        "(default: 1024)")
-    serve.add_argument("--max-queue-wait", type=_positive(float), default=600.0,
+    serve.add_argument("--max-queue-wait", metavar="S", type=_positive(float), default=600.0,
                        help="seconds a call may wait for a worker before it is answered `unavailable` without "
                        "running; a call never waits longer than its own timeout either (default: 600)")
-    serve.add_argument("--profile", choices=["default", "hardened"], default="default",
-                       help="isolation profile: default (rlimits, subreaper, whole-tree kill) or hardened (each "
-                       "call also in its own PID, mount and network namespaces, read-only filesystem, another "
-                       "uid, no capabilities, seccomp, Landlock, cgroup limits; needs root; runs the selfcheck "
-                       "first and refuses to serve if any layer fails)")
+    serve.add_argument("--profile", choices=["default", "hardened"], default="default", metavar="PROFILE",
+                       help="isolation profile, default or hardened (default: default). default: rlimits, "
+                       "subreaper, whole-tree kill. hardened: each call also in its own PID, mount and network "
+                       "namespaces, read-only filesystem, another uid, no capabilities, seccomp, Landlock, cgroup "
+                       "limits; needs root; runs the selfcheck first and refuses to serve if any layer fails")
     serve.add_argument("--allow-degraded", action="store_true",
                        help="with --profile hardened: serve even if the machine lacks a layer or the selfcheck "
                        "fails (loudly; tools are then less confined)")
@@ -116,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-cgroups", action="store_true",
                        help="do not put workers in control groups even where the machine offers them "
                        "(by default, as root: a memory and a pids group per worker, killed as a whole)")
-    serve.add_argument("--max-processes", type=_positive(int), default=d.processes,
+    serve.add_argument("--max-processes", metavar="N", type=_positive(int), default=d.processes,
                        help=f"processes per worker, where a pids cgroup enforces it (default: {d.processes})")
     serve.add_argument("--workspace", metavar="DIR", default=None,
                        help="root directory the file tools are confined to; the workers' cwd (default: cwd)")
@@ -136,8 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "own key pair, whose public key the broker must admit (its --curve-executors DIR)")
     serve.add_argument("--metrics-port", metavar="[HOST:]PORT",
                        help="serve Prometheus metrics over HTTP on this port (127.0.0.1 unless HOST is given)")
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                       help="stderr log verbosity (default: info)")
+    _log_options(serve)
     _add_broker_parser(sub)
     _add_status_parser(sub)
     check = sub.add_parser("selfcheck", help="attack the hardened profile from inside a real worker",
@@ -145,7 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "/proc/PID/mem, signals, cgroup moves, network, secrets, writes, remounts, setuid, "
                            "fork and memory bombs, ...), run each, and print layer, attempt, expected and "
                            "observed. Exit 0 only if every attempt was denied; 2 if the machine lacks a layer.")
-    check.add_argument("--profile", choices=["hardened"], default="hardened", help="the profile to check")
+    check.add_argument("--profile", choices=["hardened"], default="hardened", metavar="PROFILE",
+                       help="the profile to check (default: hardened, the only one)")
     check.add_argument("--json", action="store_true", help="print the rows as JSON (for CI)")
     check.add_argument("--verbose", action="store_true", help="show the executor's log")
     check.add_argument("--workspace-rw", action="store_true",
@@ -194,15 +228,15 @@ def _add_broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     broker.add_argument("--curve-executors", metavar="DIR",
                         help="CurveZMQ: admit on the backend only executors whose public key is in DIR (required "
                         "with --curve-secret: an executor sees every call it is sent and answers it)")
-    broker.add_argument("--max-queue", type=_positive(int), default=65536,
+    broker.add_argument("--max-queue", metavar="N", type=_positive(int), default=65536,
                         help="calls waiting in the broker before new ones are refused (default: 65536)")
-    broker.add_argument("--max-queue-mb", type=_positive(int), default=1024,
+    broker.add_argument("--max-queue-mb", metavar="MB", type=_positive(int), default=1024,
                         help="encoded calls waiting in the broker before new ones are refused, a quarter of it "
                         "for any one client (default: 1024)")
-    broker.add_argument("--result-cache-mb", type=_positive(int), default=128,
+    broker.add_argument("--result-cache-mb", metavar="MB", type=_positive(int), default=128,
                         help="encoded results kept to answer a resent call id, fair per client: when full, the "
                         "oldest result of the client holding the most goes first (default: 128)")
-    broker.add_argument("--recovery-s", type=float, default=RECOVERY_WINDOW,
+    broker.add_argument("--recovery-s", metavar="S", type=float, default=RECOVERY_WINDOW,
                         help="after start, seconds to wait for the executors of a previous run to re-announce "
                         "the calls they hold before sending calls elsewhere, staying silent to clients so that "
                         "they resend theirs (the default matches the client's timing; less breaks that); 0 for "
@@ -211,12 +245,12 @@ def _add_broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                         help="the most a call's answer may come after its timeout (plus 2 s) because its executor "
                         "is applying its workspace writes (hardened --workspace-rw), granted only to a call the "
                         "executor says it is applying, and at most what the executor announced; it also bounds the "
-                        "apply grace the broker's welcome tells clients, whatever an executor announces "
-                        f"(0 to 86400; default: {APPLY_GRACE:g}, the executor's own)")
+                        "apply grace the broker's welcome tells clients, whatever an executor announces; 0 to 86400 "
+                        f"(default: {APPLY_GRACE:g}, the executor's own)")
     broker.add_argument("--max-executor-capacity", type=_positive(int), default=BROKER_CAPACITY, metavar="N",
                         help="calls sent to one executor at once, at most, whatever workers it announces: a lying "
-                        "executor cannot draw every call to itself (at most "
-                        f"{MAX_CAPACITY}; default: {BROKER_CAPACITY})")
+                        "executor cannot draw every call to itself; at most "
+                        f"{MAX_CAPACITY} (default: {BROKER_CAPACITY})")
     broker.add_argument("--max-timeout", type=_positive(float), default=None, metavar="S",
                         help="the longest any call may run in the pool, seconds: a ceiling on every timeout, whether "
                         "the call, its tool or an executor's default set it (an executor's announced default is "
@@ -232,8 +266,7 @@ def _add_broker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     broker.add_argument("--insecure", action="store_true",
                         help="allow tcp without CurveZMQ (anyone who can reach an endpoint can use it) and abstract "
                         "ipc sockets")
-    broker.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
-                        help="stderr log verbosity (default: info)")
+    _log_options(broker)
 
 
 def _add_status_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -242,15 +275,16 @@ def _add_status_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                             "capacity, queue depth, calls served, worker restarts and per-tool latency.")
     status.add_argument("endpoint", metavar="ENDPOINT", help="the broker's frontend, or an executor's endpoint")
     status.add_argument("--json", action="store_true", help="print the report as JSON")
-    status.add_argument("--timeout", type=_positive(float), default=5.0,
+    status.add_argument("--timeout", metavar="S", type=_positive(float), default=5.0,
                         help="seconds to wait for an answer (default: 5)")
     status.add_argument("--curve-server-key", metavar="FILE", help="CurveZMQ: the server's public key file")
     status.add_argument("--curve-key", metavar="FILE", help="CurveZMQ: this client's .key_secret file")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=getattr(args, "log_level", "info").upper(),
+    args = parse_args(build_parser(), argv)
+    level = getattr(args, "log_level", None) or ("debug" if getattr(args, "verbose", 0) else "info")
+    logging.basicConfig(stream=sys.stderr, level=level.upper(),
                         format=f"%(asctime)s ciayn-executor[{os.getpid()}] %(levelname)s %(message)s")
     if args.command == "serve":
         return _serve(args)

@@ -6,6 +6,7 @@ the model is the scripted OpenAI-compatible stub server (tests/llm_stub.py) over
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -23,7 +24,7 @@ from llm_stub import LLMStub
 from rich.console import Console
 
 from controller import LocalExecutor, cli
-from controller.config import ConfigError, apply, read_layers
+from controller.config import SETTINGS, ConfigError, apply, read_layers
 from controller.events import Finished, ModelRetry, Notice, StepStarted, ToolCallEvent
 from controller.local import DIR_PREFIX, sweep_stale_dirs
 from controller.render import Transcript
@@ -288,6 +289,58 @@ def test_version_and_log_level(capsys: pytest.CaptureFixture[str]) -> None:
     parser = cli.build_parser()
     assert parser.parse_args(["tools", "-vv"]).verbose == 2
     assert parser.parse_args(["--log-level", "debug", "tools"]).log_level == "debug"
+
+
+def _options_taking_a_value(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.Action]]:
+    for command, sub in [("", parser), *next(a for a in parser._actions
+                                            if isinstance(a, argparse._SubParsersAction)).choices.items()]:
+        for action in sub._actions:
+            if action.option_strings and action.help != argparse.SUPPRESS and action.nargs != 0 and not isinstance(
+                    action, argparse._HelpAction | argparse._VersionAction | argparse._CountAction):
+                yield f"{parser.prog} {command} {action.option_strings[0]}", action
+
+
+def test_both_commands_write_defaults_and_metavars_one_way() -> None:
+    """Every option that takes a value names it (N, S, MB, FILE, LEVEL, ...: never argparse's DEST or
+    {a,b}) and states its default as "(default: X)"; both log at info by default, and -v is debug."""
+    from executor import cli as executor_cli
+
+    for parser, defaults in ((cli.build_parser(), SETTINGS), (executor_cli.build_parser(), None)):
+        for name, action in _options_taking_a_value(parser):
+            assert action.metavar is not None, f"{name}: no metavar"
+            default = action.default if defaults is None else defaults.get(action.dest)
+            if default not in (None, False, [], argparse.SUPPRESS):
+                assert "(default: " in (action.help or ""), f"{name}: its default {default!r} is not stated"
+    for parser in (cli.build_parser(), executor_cli.build_parser()):
+        helps = {name.split()[-1]: a.help or "" for name, a in _options_taking_a_value(parser)}
+        assert "(default: info" in helps["--log-level"], helps["--log-level"]
+    assert executor_cli.build_parser().parse_args(["serve", "--tools", "x", "--bind", "ipc:///x", "-v"]).verbose == 1
+
+
+def test_the_default_log_level_is_info_without_the_model_libraries_lines(
+    ciayn: Callable[..., Ciayn], workspace: Path
+) -> None:
+    with LLMStub([DONE, DONE]) as stub:
+        quiet = ciayn(*run_argv(stub.api_base, workspace))
+        assert quiet.wait(START_S) == 0, quiet.err
+        loud = ciayn(*run_argv(stub.api_base, workspace, "-v"))
+        assert loud.wait(START_S) == 0, loud.err
+    assert "httpx" not in quiet.err and "LiteLLM" not in quiet.err, quiet.err  # they log each request at info
+    assert " DEBUG " in loud.err and "httpx" in loud.err, loud.err[-2000:]
+
+
+def test_an_unknown_option_after_a_command_gets_that_commands_usage() -> None:
+    for argv, usage in ((["run", "x", "--bogus"], "usage: ciayn run "), (["tools", "--bogus"], "usage: ciayn tools ")):
+        out = subprocess.run([sys.executable, "-m", "controller.cli", *argv], capture_output=True, text=True,
+                             timeout=START_S, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert out.returncode == 2 and out.stderr.startswith(usage), out.stderr
+        assert "unrecognized arguments: --bogus" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "executor.cli", "serve", "--tools", "x", "--bind", "ipc:///x",
+                          "--bogus"], capture_output=True, text=True, timeout=START_S, cwd=ROOT)
+    assert out.returncode == 2 and out.stderr.startswith("usage: ciayn-executor serve "), out.stderr
+    version = subprocess.run([sys.executable, "-m", "executor.cli", "--version"], capture_output=True, text=True,
+                             timeout=START_S, cwd=ROOT)
+    assert version.returncode == 0 and version.stdout.startswith("ciayn-executor "), version
 
 
 def test_settings_come_from_the_command_line_then_environment_then_file(tmp_path: Path) -> None:

@@ -102,6 +102,42 @@ def test_serve_help_explains_every_option() -> None:
     assert "@executor.tool" in out.stdout and "examples:" in out.stdout
 
 
+def test_every_example_of_serve_help_starts_as_written(tmp_path: Path, sock_dir: Path) -> None:
+    """Each example line of `serve --help` reaches "serving", with only its endpoint's address moved
+    somewhere free (before: the plain tcp and the tcp --connect examples were refused as written)."""
+    text = subprocess.run([*SERVE, "--help"], capture_output=True, text=True, timeout=START_WITHIN).stdout
+    examples = " ".join(text.split("examples:")[1].split("\n\n")[0].replace("\\\n", " ").split())
+    commands = [c.split() for c in examples.split("ciayn-executor serve ")[1:]]
+    assert len(commands) == 3
+    (tmp_path / "my_tools.py").write_text(FETCH_TOOL)
+    assert subprocess.run([sys.executable, "-m", "executor.cli", "keygen", "keys", "executor"], cwd=tmp_path,
+                          capture_output=True, timeout=START_WITHIN).returncode == 0
+    (tmp_path / "keys" / "clients").mkdir()
+    for i, argv in enumerate(commands):
+        for j, arg in enumerate(argv):
+            if arg.startswith("ipc://"):
+                argv[j] = f"ipc://{sock_dir}/{i}.sock"
+            elif arg.startswith("tcp://"):
+                argv[j] = f"tcp://127.0.0.1:{_free_port()}"
+        proc = subprocess.Popen([*SERVE, *argv], cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            read_stderr_until(proc, " serving ")
+        finally:
+            proc.terminate()
+            proc.wait(10)
+
+
+def test_serve_v_logs_at_debug(sock_dir: Path) -> None:
+    proc = subprocess.Popen([*SERVE, "--tools", FAULTY, "--bind", f"ipc://{sock_dir}/v.sock", "-v"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert " DEBUG " in read_stderr_until(proc, " DEBUG ")  # e.g. "worker 1 ready", not shown at info
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_serve_without_tools_is_a_usage_error() -> None:
     out = subprocess.run([*SERVE, "--bind", "ipc:///nonexistent/x.sock"], capture_output=True, text=True,
                          timeout=START_WITHIN)
