@@ -366,17 +366,18 @@ def _serve(args: argparse.Namespace) -> int:
     # The template is forked now, before the supervisor's own modules (ZeroMQ, asyncio, ssl, ...)
     # are imported: every worker is a copy of it, and each megabyte it maps is copied per call.
     template = early_template(args.workspace)
-    from executor.supervisor import StartupError, Supervisor
+    from executor.supervisor import ServeConfig, StartupError, Supervisor
 
-    supervisor = Supervisor(
-        args.tools, args.connect or args.bind, connect=bool(args.connect), curve_server_key=args.curve_server_key,
-        metrics=args.metrics_port, limits=limits, max_timeout=max_timeout, workers=args.workers,
-        max_queue=args.max_queue,
-        workspace=args.workspace, parent_pid=args.parent_pid, profile=args.profile,
-        use_cgroups=not args.no_cgroups, curve_secret=args.curve_secret, curve_clients=args.curve_clients,
-        reuse_workers=args.reuse_workers, pass_env=args.pass_env, insecure=args.insecure,
-        max_queue_mb=args.max_queue_mb, max_queue_wait=args.max_queue_wait, early_template=template,
+    config = ServeConfig(
+        tools=args.tools, endpoint=args.connect or args.bind, limits=limits, max_timeout=max_timeout,
+        workers=args.workers, max_queue=args.max_queue, max_queue_mb=args.max_queue_mb,
+        max_queue_wait=args.max_queue_wait, workspace=args.workspace, parent_pid=args.parent_pid,
+        profile=args.profile, use_cgroups=not args.no_cgroups, reuse_workers=args.reuse_workers,
+        pass_env=tuple(args.pass_env or ()), connect=bool(args.connect), curve_secret=args.curve_secret,
+        curve_clients=args.curve_clients, curve_server_key=args.curve_server_key, insecure=args.insecure,
+        metrics=args.metrics_port,
     )
+    supervisor = Supervisor(config, early_template=template)
     try:
         return supervisor.serve()
     except StartupError as e:

@@ -16,6 +16,7 @@ import signal
 import socket
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -59,57 +60,51 @@ log = logging.getLogger("ciayn-executor")
 __all__ = ["StartupError", "Supervisor"]
 
 
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything ``ciayn-executor serve`` was told (``executor.cli`` builds it from the command line):
+    what to serve, where, with what limits and isolation. ``workspace`` is an absolute path."""
+
+    tools: list[str]
+    endpoint: str  # to bind, or with ``connect`` the broker's backend to connect to
+    limits: Limits
+    max_timeout: float = MAX_TIMEOUT_S  # a ceiling on every call's timeout, whoever set it (--max-timeout)
+    workers: int = 1
+    max_queue: int = 256
+    max_queue_mb: int = MAX_QUEUE_BYTES // 1024**2
+    max_queue_wait: float = MAX_QUEUE_WAIT
+    workspace: str | None = None
+    parent_pid: int | None = None
+    profile: str = "default"
+    use_cgroups: bool = True
+    reuse_workers: bool = False
+    pass_env: tuple[str, ...] = ()
+    connect: bool = False
+    curve_secret: str | None = None
+    curve_clients: str | None = None
+    curve_server_key: str | None = None
+    insecure: bool = False
+    metrics: str | None = None  # [HOST:]PORT of the Prometheus endpoint
+
+
 class Supervisor:
-    def __init__(
-        self,
-        tools: list[str],
-        endpoint: str,
-        *,
-        limits: Limits,
-        max_timeout: float = MAX_TIMEOUT_S,
-        workers: int = 1,
-        max_queue: int = 256,
-        workspace: str | None = None,
-        parent_pid: int | None = None,
-        profile: str = "default",
-        use_cgroups: bool = True,
-        curve_secret: str | None = None,
-        curve_clients: str | None = None,
-        connect: bool = False,
-        curve_server_key: str | None = None,
-        metrics: str | None = None,
-        reuse_workers: bool = False,
-        pass_env: list[str] | None = None,
-        insecure: bool = False,
-        max_queue_mb: int = MAX_QUEUE_BYTES // 1024**2,
-        max_queue_wait: float = MAX_QUEUE_WAIT,
-        early_template: tuple[int, socket.socket] | None = None,
-    ) -> None:
-        """``workspace``: an absolute path. ``early_template``: the template ``serve`` forked before
-        this module was imported (``executor.workers.spawn.early_template``), which waits for its
-        configuration; without it the template is forked when ``serve`` starts it."""
+    def __init__(self, config: ServeConfig, early_template: tuple[int, socket.socket] | None = None) -> None:
+        """``early_template``: the template ``serve`` forked before this module was imported
+        (``executor.workers.spawn.early_template``), which waits for its configuration; without it the
+        template is forked when ``serve`` starts it."""
+        self.config = config
         self.early_template = early_template
-        self.endpoint = endpoint  # to bind, or with ``connect`` the broker's backend to connect to
-        self.connect = connect
-        self.curve_server_key = curve_server_key
-        self.metrics_address = metrics
         self.metrics: MetricsServer | None = None
         self.stats = CallStats()
         self.started = time.monotonic()
-        self.limits = limits
-        self.max_timeout = max_timeout  # a ceiling on every call's timeout, whoever set it (--max-timeout)
-        self.workspace = workspace
-        self.parent_pid = parent_pid
-        self.profile = profile
-        self.curve_secret = curve_secret
-        self.curve_clients = curve_clients
         self.executor_id = uuid.uuid4().hex[:12]
         self.incarnation = time.time_ns() // 1000 % (1 << 53)  # distinct across restarts
-        self.insecure = insecure
-        self.calls = CallTable(max_queue, max_queue_bytes=max_queue_mb * 1024**2, max_wait=max_queue_wait)
-        config = WorkerConfig(targets=tools, limits=limits, name=self.executor_id, use_cgroups=use_cgroups,
-                              reuse=reuse_workers, pass_env=list(pass_env or ()))
-        self.pool = WorkerPool(config, size=workers, on_done=self._finish, next_job=self.calls.next_queued,
+        self.calls = CallTable(config.max_queue, max_queue_bytes=config.max_queue_mb * 1024**2,
+                               max_wait=config.max_queue_wait)
+        workers = WorkerConfig(targets=config.tools, limits=config.limits, name=self.executor_id,
+                               use_cgroups=config.use_cgroups, reuse=config.reuse_workers,
+                               pass_env=list(config.pass_env))
+        self.pool = WorkerPool(workers, size=config.workers, on_done=self._finish, next_job=self.calls.next_queued,
                                requeue=self.calls.requeue, queued=lambda: len(self.calls.queue))
         self.clients: ClientSide | None = None
         self.complaints = LogBudget(log, "protocol errors from clients")  # a flood of bad messages, a bounded log
@@ -126,7 +121,7 @@ class Supervisor:
             if self.early_template is not None:
                 _dismiss(self.early_template)
             raise
-        enter_workspace(self.workspace)  # (kept: the early template's were set so by early_template)
+        enter_workspace(self.config.workspace)  # (kept: the early template's were set so by early_template)
         not_dumpable()  # no ptrace, /proc/PID/mem or pidfd_getfd of our processes by a tool of our user
         scrub_initial_environment()  # nor the environment we started with, through /proc/PID/environ
         # The template is forked before any ZeroMQ context exists, and waits for its Configure.
@@ -142,15 +137,15 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         watch = {wake_r: lambda: self._signalled(wake_r)}
         if parent_fd is not None:
-            watch[parent_fd] = lambda: f"parent process {self.parent_pid} exited"
+            watch[parent_fd] = lambda: f"parent process {self.config.parent_pid} exited"
         ctx = zmq.Context()
         try:
             # Then every part of the start that can be refused (keys, addresses, the metrics port), so
             # that a start refused is refused before any tool module was read (their import-time code
             # would have run on this machine for an executor that never served).
             self.clients = self._open_clients(ctx)
-            if self.metrics_address:
-                self.metrics = MetricsServer(self.metrics_address)
+            if self.config.metrics:
+                self.metrics = MetricsServer(self.config.metrics)
             assert template is not None
             self.pool.hold(template)
             template = None
@@ -176,13 +171,13 @@ class Supervisor:
         if parent_fd is not None:
             poller.register(parent_fd, zmq.POLLIN)
         self.pool.attach(poller)
-        limits = self.limits
+        limits = self.config.limits
         log.info(
             "serving %d tools on %s (workers: %d %s, profile: %s, timeout %gs%s, memory %d MB, cgroups: %s)",
             len(self.pool.specs), self.clients.describe(), self.pool.size,
             "reused (tools are trusted)" if self.pool.config.reuse else "fresh per call",
-            self.profile, limits.timeout_s,
-            f" (at most {self.max_timeout:g}s, whoever asks)" if self.max_timeout < MAX_TIMEOUT_S else "",
+            self.config.profile, limits.timeout_s,
+            f" (at most {self.config.max_timeout:g}s, whoever asks)" if self.config.max_timeout < MAX_TIMEOUT_S else "",
             limits.memory_mb, self.pool.cgroups or "none (rlimits and subreaper only)",
         )
         try:
@@ -192,13 +187,14 @@ class Supervisor:
         return self.exit_code
 
     def _open_clients(self, ctx: zmq.Context[Any]) -> ClientSide:
-        if not self.connect:
-            return RouterEndpoint(ctx, self.endpoint, curve_secret=self.curve_secret, curve_clients=self.curve_clients,
-                                  insecure=self.insecure)
-        server_key = load_public(self.curve_server_key) if self.curve_server_key else None
-        keys = load_pair(self.curve_secret) if self.curve_secret else None
-        return BrokerLink(ctx, self.endpoint, announce=self._ready, applying=self._applying,
-                          curve_server_key=server_key, curve_keys=keys, insecure=self.insecure)
+        c = self.config
+        if not c.connect:
+            return RouterEndpoint(ctx, c.endpoint, curve_secret=c.curve_secret, curve_clients=c.curve_clients,
+                                  insecure=c.insecure)
+        server_key = load_public(c.curve_server_key) if c.curve_server_key else None
+        keys = load_pair(c.curve_secret) if c.curve_secret else None
+        return BrokerLink(ctx, c.endpoint, announce=self._ready, applying=self._applying,
+                          curve_server_key=server_key, curve_keys=keys, insecure=c.insecure)
 
     def _applying(self) -> list[str]:
         """Calls whose keeper said they answered and their workspace writes are being applied: the
@@ -209,8 +205,8 @@ class Supervisor:
         """What a linked executor announces to the broker on every (re)connection."""
         held = list(self.calls.jobs) + list(self.calls.cache)[-HELD_RECENT:]
         return Ready(executor=self.executor_id, incarnation=self.incarnation, tools=list(self.pool.specs.values()),
-                     limits=self.limits, capacity=self.pool.size, profile=self.profile, held=held,
-                     apply_grace_s=self._apply_grace(), max_timeout_s=self.max_timeout)
+                     limits=self.config.limits, capacity=self.pool.size, profile=self.config.profile, held=held,
+                     apply_grace_s=self._apply_grace(), max_timeout_s=self.config.max_timeout)
 
     @staticmethod
     def _apply_grace() -> float:
@@ -222,20 +218,20 @@ class Supervisor:
         me = ExecutorStatus(executor=self.executor_id, incarnation=self.incarnation, tools=sorted(self.pool.specs),
                             capacity=self.pool.size, busy=self.pool.busy(), queued=len(self.calls.queue),
                             served=self.stats.served, worker_restarts=self.stats.worker_restarts,
-                            max_timeout_s=self.max_timeout)
+                            max_timeout_s=self.config.max_timeout)
         return Report(role="executor", id=self.executor_id, incarnation=self.incarnation,
                       uptime_s=round(now - self.started, 3), capacity=me.capacity, busy=me.busy, queued=me.queued,
-                      served=me.served, worker_restarts=me.worker_restarts, max_timeout_s=self.max_timeout,
+                      served=me.served, worker_restarts=me.worker_restarts, max_timeout_s=self.config.max_timeout,
                       executors=[me],
                       tools=self.stats.tool_stats())
 
     def _watch_parent(self) -> int | None:
-        if not self.parent_pid:
+        if not self.config.parent_pid:
             return None
         try:
-            return os.pidfd_open(self.parent_pid)
+            return os.pidfd_open(self.config.parent_pid)
         except ProcessLookupError:
-            raise StartupError(f"parent process {self.parent_pid} is not running") from None
+            raise StartupError(f"parent process {self.config.parent_pid} is not running") from None
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.stopping = True
@@ -282,7 +278,7 @@ class Supervisor:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
             if parent_fd is not None and parent_fd in events:
-                log.info("parent process %d exited; stopping", self.parent_pid)
+                log.info("parent process %d exited; stopping", self.config.parent_pid)
                 return
             self.pool.handle(events)
             if sock in events:
@@ -304,9 +300,9 @@ class Supervisor:
                                        busy=self.pool.busy(), queued=len(self.calls.queue)))
             elif isinstance(msg, Hello):
                 self._send(route, Welcome(executor=self.executor_id, incarnation=self.incarnation,
-                                          tools=list(self.pool.specs.values()), limits=self.limits,
-                                          workers=self.pool.size, profile=self.profile,
-                                          apply_grace_s=self._apply_grace(), max_timeout_s=self.max_timeout))
+                                          tools=list(self.pool.specs.values()), limits=self.config.limits,
+                                          workers=self.pool.size, profile=self.config.profile,
+                                          apply_grace_s=self._apply_grace(), max_timeout_s=self.config.max_timeout))
             elif isinstance(msg, Cancel):
                 self._on_cancel(route, msg.id)
             elif isinstance(msg, Status):
@@ -353,7 +349,7 @@ class Supervisor:
             self._refuse(route, Result.failure(cid, "bad_arguments", f"{e}; signature: {spec.name}{spec.signature}"))
             return
         job = Job(call=call, call_id=cid, waiters=[route], size=size, digest=digest,
-                  limits=effective_limits(self.limits, spec, call, self.max_timeout))
+                  limits=effective_limits(self.config.limits, spec, call, self.config.max_timeout))
         refusal = self.calls.admit(job, time.monotonic())
         if refusal is not None:
             self._refuse(route, refusal)
@@ -364,12 +360,12 @@ class Supervisor:
         """A call that ran into ``--max-timeout`` and not the timeout it asked for is told so."""
         assert result.error is not None
         spec = self.pool.specs.get(job.call.tool)
-        asked = requested_timeout(self.limits.timeout_s, spec, job.call)
-        if asked > self.max_timeout:
+        asked = requested_timeout(self.config.limits.timeout_s, spec, job.call)
+        if asked > self.config.max_timeout:
             source = ("its own timeout" if job.call.timeout is not None and asked == job.call.timeout
                       else "its tool's timeout" if spec is not None and asked == spec.timeout else "the default")
             result.error.message += (f"; {source} was {asked:g} s, but this executor runs no call longer than "
-                                     f"{self.max_timeout:g} s (--max-timeout)")
+                                     f"{self.config.max_timeout:g} s (--max-timeout)")
 
     def _refuse(self, route: bytes, result: Result) -> None:
         """Answer a call that is not run; refusals are not remembered (SPEC.md section 8)."""
