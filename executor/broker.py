@@ -61,6 +61,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import msgpack
 import zmq
 
 from executor.calls import MAX_QUEUE_BYTES, RESULT_CACHE_BYTES, AtMostOnce, fingerprint, join
@@ -90,6 +91,7 @@ from protocol import (
     encode,
 )
 from protocol.errors import CiaynError
+from protocol.fingerprint import canonical
 from protocol.messages import BROKER_CAPACITY, MAX_TIMEOUT_S
 from protocol.spec import MAX_TOOLS
 from protocol.timing import (
@@ -830,7 +832,7 @@ class Broker:
                     served.setdefault(t.name, (m, t))
         for spec in ready.tools:
             owner, theirs = served.get(spec.name, (None, None))
-            if owner is not None and theirs != spec:
+            if owner is not None and theirs is not None and not _same_tool(theirs, spec):
                 return (f"its tool {spec.name!r} differs from the one executor {owner.id!r} serves (signature, "
                         "documentation or flags); one pool serves one version of each tool, so it may join once "
                         f"no executor serves another {spec.name!r}")
@@ -945,6 +947,19 @@ class Broker:
                       worker_restarts=sum(e.worker_restarts for e in executors), max_timeout_s=self.max_timeout,
                       executors=executors,
                       tools=self.stats.tool_stats())
+
+
+def _same_tool(a: ToolSpec, b: ToolSpec) -> bool:
+    """Whether two announcements are one tool: their specs' canonical encodings are the same bytes
+    (``protocol.fingerprint.canonical``). Not ``==``: a spec holding a NaN (a default, or a timeout
+    the executor ignores) never equals itself, and every other executor serving that very module
+    would be refused."""
+    return bool(a == b) or _spec_bytes(a) == _spec_bytes(b)
+
+
+def _spec_bytes(spec: ToolSpec) -> bytes:
+    packed: bytes = msgpack.packb(canonical(spec.model_dump(mode="python")), use_bin_type=True)
+    return packed
 
 
 def _encode(msg: Any) -> list[bytes]:

@@ -21,7 +21,9 @@ results, and the worker pool takes queued calls out.
 from __future__ import annotations
 
 import collections
+import hashlib
 import math
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -105,11 +107,29 @@ def fingerprint(call: Call) -> tuple[int, int]:
     written canonically (``protocol.fingerprint.resend_key``: key order and how a number was
     encoded do not matter, its type does), so that a resend matches however its sender wrote it."""
     packed = resend_key(call)
-    return len(packed), _digest48(hash(packed))
+    return len(packed), _keyed(packed) & _DIGEST_MASK
 
 
 def _digest48(digest: int) -> int:
-    return digest & 0xFFFF_FFFF_FFFF
+    return digest & _DIGEST_MASK
+
+
+# Digests of call bodies and ids are keyed with a secret drawn at start, not Python's hash(): that
+# one is keyed by PYTHONHASHSEED, which a process may inherit (a broker started by a tool that sets
+# it, such as tox): under a known seed, two calls under one id whose digests collide cost about 2**24
+# hashes offline, and the second would be answered with the first's result.
+_KEY = os.urandom(16)
+_DIGEST_MASK = 0xFFFF_FFFF_FFFF
+
+
+def _keyed(data: bytes) -> int:
+    """64 bits of a BLAKE2b keyed with this process's secret."""
+    return int.from_bytes(hashlib.blake2b(data, key=_KEY, digest_size=8).digest(), "big")
+
+
+def id_key(cid: str) -> int:
+    """What the executed-id set holds for ``cid``."""
+    return _keyed(cid.encode())
 
 
 ANY_DIGEST = 1 << 48  # recorded for an id whose call is unknown (a result that reached a restarted broker)
@@ -140,7 +160,7 @@ class AtMostOnce:
         self.cache_limit = cache_bytes
         self.max_executed = max_executed
         self.executed_ttl = executed_ttl
-        self.executed: dict[int, int] = {}  # hash(id) -> digest48 << 32 | accepted at (s); oldest first
+        self.executed: dict[int, int] = {}  # id_key(id) -> digest48 << 32 | accepted at (s); oldest first
         self.cache: dict[str, _Cached] = {}  # id -> answer; oldest first
         self.cache_bytes = 0
         self.owner_bytes: collections.Counter[bytes] = collections.Counter()
@@ -149,7 +169,7 @@ class AtMostOnce:
     def answer(self, cid: str, digest: int) -> Seen | None:
         """None for an id never accepted (or forgotten); otherwise what to answer its resend: the
         cached answer, or a refusal (another call under that id; or it ran and its answer is gone)."""
-        ran = self.executed.get(hash(cid))
+        ran = self.executed.get(id_key(cid))
         if ran is None:
             return None
         if ran >> 32 not in (_digest48(digest), ANY_DIGEST):
@@ -162,11 +182,11 @@ class AtMostOnce:
             "is bounded); it was not run again"))
 
     def record(self, cid: str, digest: int, now: float) -> None:
-        """Remember ``cid`` as run: keyed by its hash (Python's keyed SipHash: 64 bits no client can
-        aim at), valued by 48 bits of the call's digest (or ``ANY_DIGEST``) and the second it was
+        """Remember ``cid`` as run: keyed by ``id_key`` (64 bits keyed with this process's secret, which
+        no client can aim at), valued by 48 bits of the call's digest (or ``ANY_DIGEST``) and the second it was
         accepted, about 120 bytes an id. The oldest go past the count or age bound (a call still
         queued or running is known from its owner's table of calls in flight anyway)."""
-        key = hash(cid)
+        key = id_key(cid)
         self.executed.pop(key, None)
         self.executed[key] = digest << 32 | int(now) & 0xFFFFFFFF
         while self.executed:
@@ -178,7 +198,7 @@ class AtMostOnce:
 
     def unrecord(self, cid: str) -> None:
         """Forget ``cid``: its call did not run after all (it expired queued), so the id may be sent again."""
-        self.executed.pop(hash(cid), None)
+        self.executed.pop(id_key(cid), None)
 
     def remember(self, cid: str, frames: list[bytes], owner: bytes) -> None:
         """Keep a finished call's answer to give a resent id. Bounded in bytes; when full, the oldest

@@ -233,6 +233,17 @@ def test_one_client_flooding_slow_calls_delays_another_by_at_most_one_call(pool:
         assert report is not None and report.queued > 800  # the flood is still there: it was not drained first
 
 
+def test_two_executors_serving_one_tool_whose_spec_holds_a_nan_both_join(pool: Pool) -> None:
+    """Before: the broker compared specs with ==, a NaN never equals itself, and the second executor
+    was refused as serving another version of the tool (and retried for ever)."""
+    nan_spec = str(Path(__file__).parent / "tools" / "nan_spec.py")
+    pool.start_broker()
+    pool.add_executor([nan_spec], 1)
+    pool.add_executor([nan_spec], 1)
+    report = pool.wait_for_executors(2)
+    assert [e.tools for e in report.executors] == [["scale"], ["scale"]]
+
+
 def test_status_reports_executors_tools_capacity_and_latency_of_a_broker_and_of_one_executor(
         pool: Pool, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pool.start_broker()

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +117,15 @@ def test_a_queued_call_with_almost_none_of_its_timeout_left_is_not_started_but_a
         assert answer.error is not None and answer.error.kind == "unavailable"
         assert "did not run" in answer.error.message
     assert table.ran.answer("late", 0) is None, "an id that did not run must be free to send again"
+
+
+def test_digests_are_keyed_per_process_not_by_pythonhashseed() -> None:
+    """Two executors (or brokers) started under the same known PYTHONHASHSEED digest one call
+    differently: no one can look for two calls under one id whose digests collide offline. Before,
+    the digest was 48 bits of hash(), the same in every process under one seed."""
+    probe = ("from executor.calls import fingerprint; from protocol import Call; "
+             "print(fingerprint(Call(id='x', tool='t', kwargs={'a': 1}))[1])")
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(Path(__file__).parent.parent)}
+    digests = {subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True,
+                              timeout=60).stdout for _ in range(2)}
+    assert len(digests) == 2, digests

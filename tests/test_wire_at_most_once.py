@@ -17,7 +17,7 @@ import zmq
 
 from controller import ExecutorClient, LocalExecutor
 from controller.client import UNAVAILABLE_AFTER
-from executor.calls import CallTable, Job, fingerprint
+from executor.calls import CallTable, Job, fingerprint, id_key
 from protocol import Call, Cancel, Limits, Ping, Pong, Report, Result, Status, decode, encode
 
 SLACK = 3.0  # seconds a bound may take on a loaded 2-core machine
@@ -200,7 +200,7 @@ def test_the_executed_id_set_is_bounded_by_count_and_age_and_running_calls_stay_
         table.remember(job.call_id, [b"answer"], b"r")
     late = _job("id-9")
     assert table.admit(late, now + 61) is None  # a minute later: all but the newest have aged out
-    assert list(table.executed) == [hash("id-9")]
+    assert list(table.executed) == [id_key("id-9")]
     assert table.seen(b"r", _job("id-9", tool="other").call, _job("id-9", tool="other").digest) is not None
 
 
