@@ -517,7 +517,7 @@ class Broker:
 
     def _timeout(self, call: Call, spec: ToolSpec | None) -> float:
         """How long a call may wait in the queue: the timeout it asks for, at most the ceiling."""
-        return min(requested_timeout(self.welcome_timeout(), spec, call), self.max_timeout)
+        return min(requested_timeout(self.welcome_timeout(), spec, call), self._ceiling(call))
 
     def welcome_timeout(self) -> float:
         return max((m.ready.limits.timeout_s for m in self.members.values()), default=Limits().timeout_s)
@@ -622,16 +622,21 @@ class Broker:
         (``executor.workers.limits.requested_timeout``), at most its own ceiling and the broker's, whatever
         it announced (``_frames_for`` tells it the broker's)."""
         asked = requested_timeout(member.ready.limits.timeout_s, job.spec, job.call)
-        return min(asked, member.ready.max_timeout_s, self.max_timeout)
+        return min(asked, member.ready.max_timeout_s, self._ceiling(job.call))
+
+    def _ceiling(self, call: Call) -> float:
+        """The broker's --max-timeout, or the call's own ``max_timeout`` if that is less."""
+        return min(self.max_timeout, call.max_timeout or MAX_TIMEOUT_S)
 
     def _frames_for(self, job: Job, member: Member) -> list[bytes]:
         """The call as ``member`` is sent it: as the client sent it, unless the timeout it would run
-        under on its own is over the broker's ceiling; then with that ceiling as its timeout (the same
-        body each time it is sent there, so that a resend of its id matches, section 8)."""
+        under on its own is over the broker's ceiling; then with that ceiling as its ``max_timeout``,
+        which is not part of what makes the call that call (section 8): a resend of its id still
+        matches, also one sent on by a broker restarted with another ceiling."""
         own = min(requested_timeout(member.ready.limits.timeout_s, job.spec, job.call), member.ready.max_timeout_s)
-        if own <= self.max_timeout:
+        if own <= self._ceiling(job.call):
             return job.frames
-        return _encode(job.call.model_copy(update={"timeout": self.max_timeout}))
+        return _encode(job.call.model_copy(update={"max_timeout": self._ceiling(job.call)}))
 
     # ---------------------------------------------------------------- executors
 

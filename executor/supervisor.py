@@ -349,23 +349,30 @@ class Supervisor:
             self._refuse(route, Result.failure(cid, "bad_arguments", f"{e}; signature: {spec.name}{spec.signature}"))
             return
         job = Job(call=call, call_id=cid, waiters=[route], size=size, digest=digest,
-                  limits=effective_limits(self.config.limits, spec, call, self.config.max_timeout))
+                  limits=effective_limits(self.config.limits, spec, call, self._ceiling(call)))
         refusal = self.calls.admit(job, time.monotonic())
         if refusal is not None:
             self._refuse(route, refusal)
             return
         self.pool.dispatch()  # what waited too long in the queue is answered on the loop's next turn
 
+    def _ceiling(self, call: Call) -> float:
+        """The longest ``call`` may run: ``--max-timeout``, or the call's own ``max_timeout`` (a
+        broker's) if that is less."""
+        return min(self.config.max_timeout, call.max_timeout or MAX_TIMEOUT_S)
+
     def _name_the_ceiling(self, job: Job, result: Result) -> None:
-        """A call that ran into ``--max-timeout`` and not the timeout it asked for is told so."""
+        """A call that ran into a ceiling and not the timeout it asked for is told so."""
         assert result.error is not None
         spec = self.pool.specs.get(job.call.tool)
         asked = requested_timeout(self.config.limits.timeout_s, spec, job.call)
-        if asked > self.config.max_timeout:
+        ceiling = self._ceiling(job.call)
+        if asked > ceiling:
             source = ("its own timeout" if job.call.timeout is not None and asked == job.call.timeout
                       else "its tool's timeout" if spec is not None and asked == spec.timeout else "the default")
-            result.error.message += (f"; {source} was {asked:g} s, but this executor runs no call longer than "
-                                     f"{self.config.max_timeout:g} s (--max-timeout)")
+            which = ("this executor runs no call longer than" if ceiling == self.config.max_timeout
+                     else "its max_timeout (a broker's ceiling) is")
+            result.error.message += f"; {source} was {asked:g} s, but {which} {ceiling:g} s (--max-timeout)"
 
     def _refuse(self, route: bytes, result: Result) -> None:
         """Answer a call that is not run; refusals are not remembered (SPEC.md section 8)."""

@@ -94,6 +94,10 @@ class Call(Body):
     timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
                                   description="wall-clock limit for this call, seconds; an invalid value "
                                   "is answered bad_arguments")
+    max_timeout: float | None = Field(default=None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
+                                      description="a ceiling on this call's timeout, seconds, whoever set it (a "
+                                      "broker puts its --max-timeout here); not part of what makes the call that "
+                                      "call: a resend may carry another (SPEC.md section 8)")
 
 
 MAX_ERROR_MESSAGE_CHARS = 16384

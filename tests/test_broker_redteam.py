@@ -334,7 +334,7 @@ def test_a_lying_executor_cannot_hold_calls_far_past_their_timeout(
 def test_an_executors_announced_default_timeout_is_trusted_only_up_to_the_brokers_ceiling(
         pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[FakeExecutor]) -> None:
     """The liar announces a default timeout of an hour and never answers. With --max-timeout 1 the
-    broker sends it the call with a 1 s timeout, answers the client `timeout` itself at 1 s plus 2 s
+    broker sends it the call with a 1 s max_timeout, answers the client `timeout` itself at 1 s plus 2 s
     (not after an hour), and its welcome says neither more than 1 s."""
     pool.start_broker("--max-timeout", "1")
     liar = _fake(fakes, ctx, pool, Ready(executor="liar", incarnation=1, tools=[ECHO], limits=Limits(timeout_s=3600)))
@@ -350,7 +350,7 @@ def test_an_executors_announced_default_timeout_is_trusted_only_up_to_the_broker
     result = _recv(sock, Result)
     took = time.monotonic() - started
     sock.close(0)
-    assert sent is not None and sent.id == "ceiling-1" and sent.timeout == 1.0, sent
+    assert sent is not None and sent.id == "ceiling-1" and sent.max_timeout == 1.0 and sent.timeout is None, sent
     assert result is not None and result.error is not None and result.error.kind == "timeout", result
     assert "'liar' did not answer within the call's timeout (1 s)" in result.error.message, result.error
     assert took < 1.0 + 2.0 + 2.0, f"answered after {took:.1f} s"  # timeout + RESULT_GRACE + a loaded machine

@@ -19,7 +19,7 @@ from controller import ExecutorClient
 from executor.cli import main
 from executor.status import fetch
 from protocol import Call, Result
-from tests.pool import Pool
+from tests.pool import Pool, wait_until
 
 CEILING_TOOLS = str(Path(__file__).parent / "tools" / "ceiling.py")  # patient: @tool(timeout=60); plain: none
 EXECUTOR = [sys.executable, "-m", "executor.cli"]
@@ -131,3 +131,23 @@ def test_a_brokers_ceiling_holds_for_every_source_of_a_timeout(pool: Pool) -> No
     report = fetch(pool.frontend)
     assert report.max_timeout_s == 1.0 and [e.max_timeout_s for e in report.executors] == [1.0]
     assert json.loads(report.model_dump_json())["max_timeout_s"] == 1.0
+
+
+def test_a_call_in_flight_keeps_its_answer_across_a_broker_restarted_with_another_ceiling(pool: Pool) -> None:
+    """The broker sends its ceiling as the call's max_timeout, which is not part of the call's
+    identity: the client's resend through a broker restarted with another ceiling joins the running
+    call. Before (the ceiling written into the call's timeout) the executor refused the resend as
+    another call under the id, and that refusal was the call's answer."""
+    pool.start_broker("--max-timeout", "5")
+    pool.add_executor([CEILING_TOOLS], 1)
+    pool.wait_for_executors(1)
+    with ExecutorClient(pool.frontend, timeout=30) as client:
+        client.tools()
+        future = client.submit(Call(tool="patient", kwargs={"seconds": 2.0}))
+        wait_until("the call to run", lambda: (r := pool.status(0.5)) is not None and r.busy == 1)
+        assert pool.broker is not None
+        pool.kill(pool.broker)
+        pool.start_broker("--max-timeout", "10", recovery_s=3.0)  # the executors re-announce what they hold
+        result = future.result(timeout=60)
+    assert result.ok and result.value == "woke", result
+    assert result.limits is not None and 4.5 < result.limits.timeout_s <= 5.0  # it ran under the first ceiling
