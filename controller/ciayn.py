@@ -206,6 +206,7 @@ class _Run(RunSkeleton):
     grammar: str | None = None  # of the offered tools
     step_grammar: str | None = None  # of this step's request: ``grammar``, or a narrower one
     only_finish: bool = False  # the next reply may only finish (it has the answer and goes round in circles)
+    answer_step: int | None = None  # the step after which the run had seen what the task asks for
     narrowed: dict[tuple[Any, ...], str | None] = field(default_factory=dict)
     seen: SeenValues | None = None  # what the run has seen (for a task given as text)
     narrow_values: bool = False  # whether the grammar is narrowed to ``seen``
@@ -308,10 +309,13 @@ class _Run(RunSkeleton):
             text = prompts.feedback(outcome)
             report = progress.record(step, outcome)
             if report.repeats or report.kept_out:
-                note, notice = self._progress_note(report)
+                note, notice = self._progress_note(report, [call for call, _ in outcome])
                 if note:
                     text = f"{text}\n\n{note}"
                     yield Notice(notice)
+            ready = self._answer_seen(step)
+            if ready:
+                text = f"{text}\n\n{ready}"
             self.history.append({"role": "user", "content": text})
             if a.max_stalled_steps is not None and report.stalled >= a.max_stalled_steps:
                 yield self.tally.finished("stopped", self._stall_reason(report.stalled))
@@ -323,7 +327,7 @@ class _Run(RunSkeleton):
             self.grammar = grammar
         elif grammar is True:
             try:
-                self.grammar = build_grammar(self.specs)
+                self.grammar = build_grammar(self._fit(self.specs))
             except ImportError:
                 yield Notice("No reply grammar: controller.gbnf is not available; replies are unconstrained.")
             except Exception as e:
@@ -334,15 +338,18 @@ class _Run(RunSkeleton):
         """Whether this run builds each step's grammar from the tool specs (and so may narrow it)."""
         return self.agent.grammar is True and self.grammar is not None
 
-    def _progress_note(self, report: StepProgress) -> tuple[str, str]:
+    def _progress_note(self, report: StepProgress, calls: list[Call]) -> tuple[str, str]:
         """What the model reads after a step that repeated results or kept calls out, and the notice
         for the transcript. With the answer seen (``controller.seen``) the next reply may only finish."""
         assert self.progress is not None
         finishers = set(prompts.completion_tools(self.specs))
         ready = self.narrow_values and self.seen is not None and self.seen.answer_ready()
         self.only_finish = bool(report.repeats and ready and finishers and self._narrowable)
-        kept_out = [] if not self._narrowable or self.only_finish else self.progress.kept_out()
-        named = self.seen.task_names if self.seen is not None else []
+        made = {fingerprint(c, self.tools.get(c.tool)) for c in calls}
+        kept_out = [] if not self._narrowable or self.only_finish else [
+            c for c in self.progress.kept_out() if fingerprint(c, self.tools.get(c.tool)) in made
+        ]
+        named = self._named()
         unexplored = [] if self.only_finish else self.progress.unexplored(named)
         note = prompts.progress_note(
             self.specs,
@@ -367,6 +374,19 @@ class _Run(RunSkeleton):
             said.append(f"{report.stalled} step{'s' if report.stalled > 1 else ''} in a row without a new result")
         return note, "Progress: " + "; ".join(said) + "."
 
+    def _answer_seen(self, step: int) -> str:
+        """With narrowed values: once the run has seen what the task asks for, the model is told so;
+        when it makes another call instead of finishing, the next reply may only finish."""
+        seen = self.seen
+        finishers = sorted(prompts.completion_tools(self.specs))
+        if not (self.narrow_values and seen is not None and finishers and seen.answer_ready()):
+            return ""
+        if self.answer_step is None:
+            self.answer_step = step
+            return prompts.ANSWER_SEEN.format(finish=" or ".join(finishers))
+        self.only_finish = True
+        return f"Your next reply may only call {' or '.join(finishers)}."
+
     def _stall_reason(self, stalled: int) -> str:
         assert self.progress is not None
         calls = ", ".join(prompts.format_call(c) for c in list(self.progress.repeated_in_stall.values())[-4:])
@@ -376,6 +396,30 @@ class _Run(RunSkeleton):
             + (f" ({calls})" if calls else "")
             + f"; stopped early instead of spending the other {left} steps of the limit"
         )
+
+    def _named(self) -> list[str]:
+        """What the task names to look at: its files, and its directories (as ``name/``)."""
+        if self.seen is None:
+            return []
+        return [*self.seen.task_names, *(f"{d}/" for d in self.seen.task_dirs)]
+
+    def _fit(self, specs: Sequence[ToolSpec]) -> list[ToolSpec]:
+        """``specs`` whose free text values fit the model's reply cap (``max_tokens`` of its config):
+        at most that many characters each, so a call is not cut off half-way (a cut reply cannot
+        parse). Only for caps a double-quoted string can hold (``gbnf.MAX_STRING_CHARS``)."""
+        cap = getattr(getattr(self.agent.model, "config", None), "max_tokens", None)
+        limit: int = getattr(importlib.import_module("controller.gbnf"), "MAX_STRING_CHARS", 0)
+        if not isinstance(cap, int) or isinstance(cap, bool) or not 0 < cap <= limit:
+            return list(specs)
+        out = []
+        for spec in specs:
+            properties = dict(spec.parameters.get("properties") or {})
+            for name, schema in properties.items():
+                free = isinstance(schema, dict) and schema.get("type") == "string"
+                if free and not {"enum", "maxLength"} & set(schema):
+                    properties[name] = {**schema, "maxLength": cap}
+            out.append(spec.model_copy(update={"parameters": {**spec.parameters, "properties": properties}}))
+        return out
 
     def _completion_missing(self) -> str | None:
         """With ``check_completion``: what the task still lacks before a completion call may run."""
@@ -392,8 +436,9 @@ class _Run(RunSkeleton):
             return None
         seen = self.seen
         assert seen is not None and self.progress is not None
-        target = seen.write_target() if seen.succeeded and seen.writes else ""
-        return prompts.incomplete(call, missing, self.specs, target, self.progress.unexplored(seen.task_names))
+        unwritten = seen.succeeded and not [n for n in seen.task_names if n in seen.wrote and n not in seen.read]
+        target = seen.write_target() if unwritten else ""
+        return prompts.incomplete(call, missing, self.specs, target, self.progress.unexplored(self._named()))
 
     def _step_grammar(self) -> str | None:
         """This step's reply grammar: the run's, or (when it is built from the tool specs) one without
@@ -420,7 +465,7 @@ class _Run(RunSkeleton):
                 specs = seen.constrain(specs)
             specs = without_calls(specs, kept_out)
             try:
-                self.narrowed[key] = build_grammar(specs)
+                self.narrowed[key] = build_grammar(self._fit(specs))
             except Exception:
                 self.narrowed[key] = self.grammar
         return self.narrowed[key]

@@ -10,7 +10,9 @@ nested at most ``MAX_DEPTH`` brackets deep. Where the tool's JSON Schema gives a
 (``string``, ``integer``, ``number``, ``boolean``, ``null``, ``array`` with ``items``, ``object`` with
 ``additionalProperties``, ``enum``/``const``, ``anyOf``/``oneOf``), the value is narrowed to it. A
 ``string`` with ``"not": {"enum": [...]}`` (or ``const``) admits any double-quoted string but those
-(``controller.progress`` keeps calls that already failed out of the grammar that way).
+(``controller.progress`` keeps calls that already failed out of the grammar that way), and one with
+``minLength`` / ``maxLength`` a double-quoted string of that many characters (an escape counts as
+the one character it stands for; ``MAX_STRING_CHARS`` at most).
 
 The grammar is built as data first (``Grammar``: named rules over ``Lit``/``Chars``/``Seq``/``Alt``/
 ``Repeat``/``Ref``) and rendered to text last, so tests can walk the same rules to derive random
@@ -344,10 +346,16 @@ class _Builder:
             return alt(*(b for b in branches if b is not None))
         if kinds == "null":
             return Lit("None")
-        if kinds == "string" and isinstance(schema.get("not"), Mapping):
-            excluded = _excluded_strings(schema["not"])
+        if kinds == "string" and ("minLength" in schema or "maxLength" in schema or "not" in schema):
+            low, high = _length_bounds(schema)
+            excluded = _excluded_strings(schema["not"]) if isinstance(schema.get("not"), Mapping) else frozenset()
+            if low > high:
+                return None
             if excluded:
-                return seq(Lit('"'), self._string_except("", excluded))
+                rest = self._string_except("", excluded, low, high)
+                return None if rest is None else seq(Lit('"'), rest)  # None: no string is left
+            if (low, high) != (0, MAX_STRING_CHARS):
+                return seq(Lit('"'), Repeat(self.ref("str-char"), low, high), Lit('"'))
         if kinds in _SCALAR_RULES:
             return self.ref(_SCALAR_RULES[kinds])
         if kinds == "array":
@@ -366,18 +374,23 @@ class _Builder:
             return self._dict(self.typed(values, level + 1, f"{hint}-value"))
         return None
 
-    def _string_except(self, prefix: str, excluded: frozenset[str]) -> Expr:
-        """The rest of a double-quoted string (after ``"`` and ``prefix``) whose value is none of
-        ``excluded``: while the text follows one of them it is spelled in plain characters (no escape
-        can spell an excluded value), and once it leaves them all, anything a string may hold."""
+    def _string_except(self, prefix: str, excluded: frozenset[str], low: int, high: int) -> Expr | None:
+        """The rest of a double-quoted string (after ``"`` and ``prefix``) of ``low`` to ``high``
+        characters whose value is none of ``excluded``: while the text follows one of them it is
+        spelled in plain characters (no escape can spell an excluded value), and once it leaves them
+        all, anything a string may hold. None when no such string exists."""
         depth = len(prefix)
         following = sorted({v[depth] for v in excluded if len(v) > depth and v.startswith(prefix)})
-        options: list[Expr] = [] if prefix in excluded else [Lit('"')]
-        if depth < MAX_STRING_CHARS:
+        options: list[Expr] = [] if prefix in excluded or depth < low else [Lit('"')]
+        if depth < high:
             leave = Chars((*_STRING_SPECIAL, *((c, c) for c in following)), negated=True)
-            options.append(seq(leave, Repeat(self.ref("str-char"), 0, MAX_STRING_CHARS - depth - 1), Lit('"')))
-            options += [seq(Lit(c), self._string_except(prefix + c, excluded)) for c in following]
-        return alt(*options)
+            free = Repeat(self.ref("str-char"), max(0, low - depth - 1), high - depth - 1)
+            options.append(seq(leave, free, Lit('"')))
+            for c in following:
+                rest = self._string_except(prefix + c, excluded, low, high)
+                if rest is not None:
+                    options.append(seq(Lit(c), rest))
+        return alt(*options) if options else None
 
     def call(self, tool: ToolSpec) -> Ref:
         """The rule for one call of ``tool``: ``name(`` arguments ``)``."""
@@ -507,6 +520,14 @@ def _check_callable_name(name: str, what: str) -> None:
             f"The {what} cannot be called in a CIAYN call: it must be a plain ASCII "
             "identifier, not a Python keyword and not a dunder name."
         )
+
+
+def _length_bounds(schema: Mapping[str, Any]) -> tuple[int, int]:
+    """A string schema's ``minLength`` and ``maxLength``, within what a double-quoted literal holds."""
+    low, high = schema.get("minLength", 0), schema.get("maxLength", MAX_STRING_CHARS)
+    low = low if isinstance(low, int) and not isinstance(low, bool) and low > 0 else 0
+    high = high if isinstance(high, int) and not isinstance(high, bool) and high >= 0 else MAX_STRING_CHARS
+    return low, min(high, MAX_STRING_CHARS)
 
 
 def _excluded_strings(schema: Mapping[str, Any]) -> frozenset[str]:

@@ -7,13 +7,15 @@ not seen for that call before; a step that does not is *stalled*. Weak models go
 (A A B B, A B A B) that a guard comparing a step with the one before never ends; this sees every
 repeat in the run:
 
-- a call that fails in a way that does not depend on chance (``tool_error``, ``bad_arguments``, ...;
-  other failures once they repeat) is kept out of the grammar for the rest of the run, or until a
-  tool that may change what calls find (one not flagged ``idempotent``) succeeds;
+- a call whose answer cannot change is kept out of the grammar for the rest of the run, or until a
+  tool that may change what calls find (one not flagged ``idempotent``) succeeds: a call of an
+  ``idempotent`` tool that succeeded (its result is in the conversation already), and a call that
+  failed in a way that does not depend on chance (``tool_error``, ``bad_arguments``, ...; other
+  failures once they repeat);
 - while the run is stalled, every call that repeated in the stall is kept out too, so the next
   reply must try something else; progress lets them back in;
-- ``unexplored`` names what the run has seen but no call has used: the files the task names and the
-  entries listings returned, for a suggestion the model reads (``prompts.suggestion``);
+- ``unexplored`` names what the run has seen but no successful call has used: the files the task
+  names and the entries listings returned, for a suggestion the model reads (``prompts.progress_note``);
 - the agent ends a run after ``max_stalled_steps`` stalled steps in a row (``CiaynAgent``).
 
 ``without_calls`` applies the kept-out calls to tool specs before the grammar is built from them
@@ -71,10 +73,10 @@ class Progress:
     tools: Mapping[str, ToolSpec]
     stalled: int = 0  # steps in a row without progress
     first_seen: dict[tuple[str, str], int] = field(default_factory=dict)  # (call, outcome) -> step
-    failed: dict[str, Call] = field(default_factory=dict)  # kept out until something may have changed
+    settled: dict[str, Call] = field(default_factory=dict)  # kept out until something may have changed
     repeated_in_stall: dict[str, Call] = field(default_factory=dict)  # kept out until progress
     listed: list[str] = field(default_factory=list)  # entries listings returned, in order
-    used: set[str] = field(default_factory=set)  # text arguments of the calls made
+    used: set[str] = field(default_factory=set)  # text arguments of the calls that succeeded
 
     def record(self, step: int, outcomes: Sequence[tuple[Call, Result | str]]) -> StepProgress:
         """Take in one step's calls and outcomes (a ``str`` outcome: the agent refused the call)."""
@@ -96,15 +98,17 @@ class Progress:
                 progressed = progressed or ran
             if not isinstance(outcome, Result):
                 continue
-            self.used.update(v for v in _bound(call, spec).values() if isinstance(v, str))
             if outcome.ok:
-                if spec is not None and not spec.idempotent:
-                    self.failed.clear()  # it may have changed what those calls would find
+                self.used.update(v for v in _bound(call, spec).values() if isinstance(v, str))
+                if spec is None or not spec.idempotent:
+                    self.settled.clear()  # it may have changed what those calls would find
+                else:
+                    self.settled[mark] = call
                 if isinstance(outcome.value, list):
                     entries = [e for e in outcome.value if isinstance(e, str) and e not in self.listed]
                     self.listed += entries
-            elif mark not in self.failed and (self.first_seen[key] < step or _settled(outcome)):
-                self.failed[mark] = call
+            elif mark not in self.settled and (self.first_seen[key] < step or _settled(outcome)):
+                self.settled[mark] = call
                 kept_out.append(call)
         if progressed:
             self.stalled = 0
@@ -114,8 +118,9 @@ class Progress:
         return StepProgress(tuple(repeats), tuple(kept_out), self.stalled)
 
     def kept_out(self) -> list[Call]:
-        """The calls the next reply's grammar leaves out: failures, and repeats of the current stall."""
-        return list({**self.failed, **self.repeated_in_stall}.values())
+        """The calls the next reply's grammar leaves out: those whose answer cannot change (see the
+        module's docstring), and repeats of the current stall."""
+        return list({**self.settled, **self.repeated_in_stall}.values())
 
     def unexplored(self, named: Sequence[str] = ()) -> list[str]:
         """Names the run has seen that no call has used yet: ``named`` (the files the task names)

@@ -68,6 +68,7 @@ REPEATED = (
 )
 KEPT_OUT = "Your next reply may not call {calls}."
 INCOMPLETE = "{call} was not run: {missing}. {hint}"
+ANSWER_SEEN = "That is what the task asks for: call {finish} with it now."
 UNEXPLORED = "Not looked at yet: {names}. Next, try {example}."
 MAX_NAMED = 8  # names listed in a suggestion
 REPEAT = (

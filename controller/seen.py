@@ -5,6 +5,12 @@ A 135M model writes well-formed calls under a grammar, but it invents file names
 
 - a path parameter (``path``, ``file``, ``dir``, ...) of an ordinary tool: names the task mentions
   (``notes.txt``, "the ``data`` directory") and the entries ``list_dir``-like tools returned, or ".";
+  a listing tool is offered only the directories among them (and "."), a reading tool only the
+  files (none known yet: it is left out), and a writing tool only the files the task names that
+  the run has not read (``write_targets``; with several named, only once one of them was read),
+  and, for the text to write, the task's quoted strings, else the lines of the files it read that
+  the task names (a summary of what was read), never an empty text; an optional parameter that is
+  not text (``max_bytes``) is not offered: it keeps its default;
 - a text parameter (``content``, ``text``, ...) of an ordinary tool: the quoted strings of the task;
 - the text parameters of a completion tool (``complete_task(summary=...)``): the lines results
   returned, their sizes as the feedback states them ("3 entries", "4 lines"), the names and the
@@ -21,9 +27,10 @@ tool that writes is left out when the task does not ask for writing (no "write",
 ...).
 
 ``completion_missing()`` says what a task still lacks before it can be reported done, whatever the
-grammar: no tool has run yet, or the task names a file and asks for writing and nothing was
-written. ``CiaynAgent(check_completion=True)`` refuses a completion call with it (and keeps the
-completion tool out of a grammar built from the specs meanwhile).
+grammar: no tool has run yet, or the task names files and asks for writing, and none it names was
+written that it did not read, or one it names was neither read nor written.
+``CiaynAgent(check_completion=True)`` refuses a completion call with it (and keeps the completion
+tool out of a grammar built from the specs meanwhile).
 
 This narrows what the model may write; it never widens what the parser accepts (every choice is a
 plain string literal, and a tool left out of the grammar is still a valid call). It is only used when
@@ -66,7 +73,9 @@ _NAME_QUESTION = re.compile(
 _WRITE_WORDS = re.compile(r"\b(?:write|writes|save|create|put|make|store|append|overwrite)\b", re.IGNORECASE)
 _WRITER_TOOL = re.compile(r"write|save|create|append|delete|remove", re.IGNORECASE)
 _READER_TOOL = re.compile(r"read|cat$|open|view|show", re.IGNORECASE)
-_SIZE = re.compile(r"^\d+ (?:entry|entries|lines)$")
+_LISTER_TOOL = re.compile(r"list|ls$|dir", re.IGNORECASE)
+_SIZE = re.compile(r"^\d+ (?:entry|entries|line|lines)$")
+_LINES_QUESTION = re.compile(r"\blines?\b", re.IGNORECASE)
 _WORD = re.compile(r"[A-Za-z][A-Za-z-]{2,}")
 _COMMON = frozenset(
     (
@@ -106,12 +115,15 @@ class SeenValues:
     lines: list[str] = field(default_factory=list)
     read: dict[str, str] = field(default_factory=dict)  # files whose text was returned: name -> text
     listed_files: list[str] = field(default_factory=list)  # entries listings returned that are not directories
+    dirs: list[str] = field(default_factory=list)  # directories: the task's, and those listings returned
     wrote: list[str] = field(default_factory=list)  # paths a writing tool wrote successfully
     task_names: list[str] = field(default_factory=list)  # file names the task mentions
     task_dirs: list[str] = field(default_factory=list)  # directory names it gives in words
     sizes_of: dict[str, str] = field(default_factory=dict)  # listed path -> its size ("3 entries")
     task_words: frozenset[str] = frozenset()
     answer: str = "any"  # what the task asks for: "count", "name" or "any"
+    unit: str = "entries"  # what a count counts: "entries" (of a directory) or "lines" (of a file)
+    lines_of: dict[str, str] = field(default_factory=dict)  # read file -> its size ("4 lines")
     writes: bool = True  # whether the task asks for writing
     succeeded: int = 0
     version: int = 0
@@ -121,6 +133,7 @@ class SeenValues:
         seen = cls()
         if _COUNT_QUESTION.search(task):
             seen.answer = "count"
+            seen.unit = "lines" if _LINES_QUESTION.search(task) else "entries"
         elif _NAME_QUESTION.search(task):
             seen.answer = "name"
         seen.writes = bool(_WRITE_WORDS.search(task))
@@ -131,6 +144,7 @@ class SeenValues:
         _add(seen.names, [*files, *dirs])
         seen.task_names = list(dict.fromkeys(files))
         seen.task_dirs = list(dict.fromkeys(dirs))
+        _add(seen.dirs, seen.task_dirs)
         _add(seen.quoted, [m.group(1) or m.group(2) for m in _QUOTED.finditer(task)])
         return seen
 
@@ -145,18 +159,22 @@ class SeenValues:
         named = [v for v in [*call.args, *call.kwargs.values()] if isinstance(v, str)] if call is not None else []
         if call is not None and isinstance(value, str) and _READER_TOOL.search(call.tool) and named:
             self.read[named[0]] = value[:MAX_READ_CHARS]
+            count = len(value.splitlines())
+            self.lines_of[named[0]] = f"{count} {'line' if count == 1 else 'lines'}"
         if call is not None and _WRITER_TOOL.search(call.tool) and named:
             _add(self.wrote, named[:1])
         if isinstance(value, dict):  # e.g. run_shell: its text fields
             value = "\n".join(v for v in value.values() if isinstance(v, str))
         if isinstance(value, list):
-            entries = [v for v in value if isinstance(v, str)]
+            where = (named[0] if named else ".").strip("/") or "."
+            here = "" if where in (".", "./") else f"{where}/"  # entries are relative to the listed directory
+            entries = [here + v for v in value if isinstance(v, str)]
             _add(self.names, [*entries, *(e.rstrip("/") for e in entries if e.endswith("/"))])
             _add(self.listed_files, [e for e in entries if not e.endswith("/")])
+            _add(self.dirs, [e.rstrip("/") for e in entries if e.endswith("/")])
             size = f"{len(value)} {'entry' if len(value) == 1 else 'entries'}"
             _add(self.lines, [size])
-            listed = [v for v in [*call.args, *call.kwargs.values()] if isinstance(v, str)] if call else []
-            self.sizes_of[(listed[0] if listed else ".").rstrip("/") or "."] = size
+            self.sizes_of[where] = size
         elif isinstance(value, str):
             lines = value.splitlines()
             _add(self.lines, lines)
@@ -170,30 +188,43 @@ class SeenValues:
         finishers = set(completion_tools(specs))
         out = []
         for spec in specs:
-            if spec.name in finishers and not self.answer_ready():
+            role = _role(spec.name, finishers)
+            if role == "finish" and not self.answer_ready():
                 continue
-            if spec.name not in finishers and not self.writes and _WRITER_TOOL.search(spec.name):
+            if role == "write" and (not self.writes or not self._may_write()):
                 continue
             properties = dict(spec.parameters.get("properties") or {})
-            changed = False
+            changed, callable_ = False, True
             for p in spec.params:
                 schema = properties.get(p.name)
                 if p.kind.startswith("var_") or not isinstance(schema, dict) or schema.get("type") != "string":
                     continue
-                choices = self._choices(p.name, spec.name in finishers)
+                choices = self._choices(p.name, role)
                 if choices:
                     properties[p.name] = {**schema, "enum": choices}
                     changed = True
-            if changed:
-                spec = spec.model_copy(update={"parameters": {**spec.parameters, "properties": properties}})
+                elif role == "write" and _TEXT_PARAM.search(p.name) and not _PATH_PARAM.search(p.name):
+                    properties[p.name] = {**schema, "minLength": 1}  # writing nothing is no writing
+                    changed = True
+                elif choices is None and p.required:
+                    callable_ = False  # nothing it could be called with is known yet
+            if not callable_:
+                continue
+            kept = [p for p in spec.params if p.required or (properties.get(p.name) or {}).get("type") == "string"]
+            if changed or len(kept) < len(spec.params):  # other optional parameters keep their defaults
+                parameters = {**spec.parameters, "properties": properties}
+                spec = spec.model_copy(update={"parameters": parameters, "params": kept})
             out.append(spec)
         return out or list(specs)
 
     def _sizes(self) -> list[str]:
-        """The sizes seen; only those of the directories the task names, when it names some and one of
-        them was listed."""
+        """The sizes seen of what the question counts (lines of a file, or entries of a directory);
+        only those of the files or directories the task names, when it names some and one was seen."""
+        if self.unit == "lines":
+            named = [self.lines_of[n] for n in self.task_names if n in self.lines_of]
+            return _unique(named or list(self.lines_of.values()))
         named = [self.sizes_of[d] for d in self.task_dirs if d in self.sizes_of]
-        return named or [line for line in self.lines if _SIZE.match(line)]
+        return named or [line for line in self.lines if _SIZE.match(line) and "entr" in line]
 
     def completion_missing(self) -> str | None:
         """What the task still lacks before it can be reported done, as a clause for the model
@@ -201,22 +232,40 @@ class SeenValues:
         has run, or the task names a file and asks for writing and no writing tool succeeded."""
         if self.succeeded == 0:
             return "no tool has run yet, so nothing of the task has been done"
-        if self.writes and self.task_names and not self.wrote:
-            return f"the task asks for writing ({self.write_target()}) and nothing has been written yet"
+        if not (self.writes and self.task_names):
+            return None
+        written = [n for n in self.task_names if n in self.wrote and n not in self.read]
+        if not written:
+            return f"the task asks for writing {' or '.join(self.write_targets())} and it has not been written yet"
+        unseen = [n for n in self.task_names if n not in self.read and n not in self.wrote]
+        if unseen:
+            return f"the task names {' and '.join(unseen)}, which has not been read yet"
         return None
 
-    def write_target(self) -> str:
-        """The file a writing task most likely means: the last one it names that the run did not read."""
+    def write_targets(self) -> list[str]:
+        """The files a writing task may mean: those it names that the run has not read (all it names
+        when it read them all)."""
         unread = [n for n in self.task_names if n not in self.read]
-        return (unread or self.task_names or ["the file"])[-1]
+        return unread or list(self.task_names)
+
+    def write_target(self) -> str:
+        """The likeliest of ``write_targets``: one already written, else the last."""
+        targets = self.write_targets()
+        return next((t for t in targets if t in self.wrote), (targets or ["the file"])[-1])
+
+    def _may_write(self) -> bool:
+        """A task naming several files writes after reading one (what it writes comes from there)."""
+        return len(self.task_names) < 2 or any(n in self.read for n in self.task_names)
 
     def answer_ready(self) -> bool:
         """Whether the run has seen what the task asks for (then the completion tool is offered)."""
         if self.completion_missing() is not None:
             return False
         if self.answer == "count":
+            if self.unit == "lines" and self.task_names:
+                return any(n in self.lines_of for n in self.task_names)
             named = [d for d in self.task_dirs if d in self.sizes_of]
-            return bool(named) if self.task_dirs else bool(self._sizes())
+            return bool(named) if self.task_dirs and self.unit == "entries" else bool(self._sizes())
         if self.answer == "name":
             wanted = set(self.task_names) if len(self.task_names) > 1 else set()
             if not self.read or not wanted <= set(self.read):
@@ -230,8 +279,10 @@ class SeenValues:
     def _related(self, text: str) -> bool:
         return bool(self.task_words & {w.lower() for w in _WORD.findall(text)})
 
-    def _choices(self, param: str, finisher: bool) -> list[str]:
-        if finisher:
+    def _choices(self, param: str, role: str) -> list[str] | None:
+        """The values a parameter may take: [] when it stays free, None when nothing it could take
+        is known yet (a file to read before any is named or listed)."""
+        if role == "finish":
             if self.answer == "count" and self._sizes():
                 return self._sizes()
             if self.answer == "name" and self.read:
@@ -240,10 +291,35 @@ class SeenValues:
             related = [line for line in self.lines if self._related(line)]
             return related or _unique([*self.lines, *self.quoted, *self.names])
         if _PATH_PARAM.search(param):
+            if role == "write" and self.task_names:  # what the task names, never a file it was read from
+                return self.write_targets()
+            if role == "list":
+                return _unique([d for d in self.names if d in self.dirs] + ["."])
+            if role == "read":  # files only; those the task names first, while some are not read
+                files = [n for n in self.names if n not in self.dirs and not n.endswith("/") and n != "."]
+                named = [n for n in self.task_names if n not in self.read]
+                return named or files or None
             return _unique([*self.names, "."])
         if _TEXT_PARAM.search(param):
+            if role == "write" and not self.quoted:  # what to write comes from what the task had read
+                return self._source_lines()
             return list(self.quoted)
         return []
+
+    def _source_lines(self) -> list[str]:
+        """The lines of the files the run read that the task names (its sources), else of any file read."""
+        sources = [text for name, text in self.read.items() if name in self.task_names] or list(self.read.values())
+        return _unique([line.strip() for text in sources for line in text.splitlines() if line.strip()])
+
+
+def _role(name: str, finishers: set[str]) -> str:
+    """What a tool does, by its name: finish, write, list, read or other."""
+    if name in finishers:
+        return "finish"
+    for role, pattern in (("write", _WRITER_TOOL), ("list", _LISTER_TOOL), ("read", _READER_TOOL)):
+        if pattern.search(name):
+            return role
+    return "other"
 
 
 def _unique(values: list[str]) -> list[str]:

@@ -468,6 +468,21 @@ def test_a_run_over_real_http_with_a_grammar(client: Any, workspace: Path, monke
         assert "append_line(text='over http') returned:" in stub.requests[1]["messages"][-1]["content"]
 
 
+def test_text_values_fit_the_models_reply_cap(client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    stub_module = pytest.importorskip("llm_stub")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with stub_module.LLMStub(["append_line(text='over http')", DONE]) as stub:
+        config = ModelConfig(model="openai/stub", api_base=stub.api_base, use_grammar=True, max_tokens=64)
+        assert done(run(CiaynAgent.from_config(config, client))).status == "completed"
+        grammar = stub.requests[0]["grammar"]
+        assert 'append-line-text ::= "text" ws "=" ws append-line-text-value' in grammar
+        assert 'append-line-text-value ::= "\\"" str-char{0,64} "\\""' in grammar  # a cut reply would not parse
+    with stub_module.LLMStub([DONE]) as stub:
+        config = ModelConfig(model="openai/stub", api_base=stub.api_base, use_grammar=True)  # no cap: no bound
+        run(CiaynAgent.from_config(config, client))
+        assert "str-char{0,64}" not in stub.requests[0]["grammar"]
+
+
 # --- small models: compact prompt, example turns, loop guard, tool allowlist ------------------
 
 
@@ -619,16 +634,19 @@ def test_a_call_that_failed_is_left_out_of_the_grammar_and_unread_files_are_sugg
         assert grammar is not None
         return next(line for line in grammar.splitlines() if line.startswith(f"{tool}-path ::="))
 
-    # "." is all the run has seen to read, and read_file('.') failed: read_file is left out until the
-    # listing shows a file; then it may read that, never ".". list_dir('.') repeated: out until progress.
-    assert "call-read-file" in model.grammars[0] and "call-read-file" not in (model.grammars[1] or "")
+    # No file is known before the listing, so read_file is not offered (the script calls it anyway and
+    # it fails); then it may read notes.txt. list_dir('.') succeeded, and a listing does not change
+    # while nothing writes: it is out too; once notes.txt is read, so is that.
+    assert "call-read-file" not in (model.grammars[0] or "") + (model.grammars[1] or "")
     assert "Your next reply may not call read_file(path='.')." in model.requests[1][-1]["content"]
-    assert path_rule(model.grammars[2], "read-file") == 'read-file-path ::= "path" ws "=" ws "\\"notes.txt\\""'
-    assert path_rule(model.grammars[3], "list-dir") == 'list-dir-path ::= "path" ws "=" ws "\\"notes.txt\\""'
-    assert "list-dir-path-value ::= \"\\\"notes.txt\\\"\" | \"\\\".\\\"\"" in (model.grammars[4] or "")
+    for grammar in model.grammars[2:4]:
+        assert path_rule(grammar, "read-file") == 'read-file-path ::= "path" ws "=" ws "\\"notes.txt\\""'
+        assert "call-list-dir" not in (grammar or "")  # "." is the one directory known, and it was listed
+    assert "call-read-file" not in (model.grammars[4] or "") and "call-complete-task" in (model.grammars[4] or "")
+    assert model.requests[4][-1]["content"].endswith("That is what the task asks for: call complete_task with it now.")
     told = model.requests[3][-1]["content"]
     assert "You already made this call at step 2" in told
-    assert "may not call read_file(path='.') or list_dir(path='.')" in told
+    assert "Your next reply may not call list_dir(path='.')." in told
     assert told.endswith('Not looked at yet: notes.txt. Next, try read_file(path="notes.txt").')
     free = CiaynAgent(ScriptedModel(replies), builtin_client, grammar=True)  # no narrowed values: "not" rules
     assert done(run(free, "Which file has the code?")).status == "completed"
@@ -662,8 +680,8 @@ def test_a_write_task_is_not_reported_done_before_the_file_is_written(builtin_cl
     assert done(events).status == "completed" and (workspace / "summary.txt").read_text() == "A code: 7."
     [refused] = of(Rejected, events)
     assert refused.code == "incomplete" and refused.message == (
-        "complete_task(summary='The code is 7.') was not run: the task asks for writing (summary.txt) and nothing "
-        'has been written yet. Call write_file first, with path="summary.txt" and the content to write.'
+        "complete_task(summary='The code is 7.') was not run: the task asks for writing summary.txt and it has "
+        'not been written yet. Call write_file first, with path="summary.txt" and the content to write.'
     )
     # Without the check, the same replies end the run as completed with nothing written: issue 23's case.
     (workspace / "summary.txt").unlink()
@@ -895,13 +913,13 @@ def test_seen_values_follow_what_the_task_asks() -> None:
     assert which.answer == "name" and not which.answer_ready()  # beta.txt is not read yet
     beta = read.model_copy(update={"kwargs": {"path": "beta.txt"}})
     which.add_result(Result(id="2", ok=True, value="Bring the umbrella.\n"), beta)
-    assert which.answer_ready() and which._choices("summary", finisher=True) == ["beta.txt"]
+    assert which.answer_ready() and which._choices("summary", "finish") == ["beta.txt"]
 
     count = SeenValues.from_task("How many files are in the data directory?")
     assert count.answer == "count" and count.names == ["data"] and not count.answer_ready()
     count.add_result(Result(id="3", ok=True, value=["a.csv", "b.csv", "c.csv"]))
-    assert count._choices("summary", finisher=True) == ["3 entries"]
-    assert count._choices("path", finisher=False) == ["data", "a.csv", "b.csv", "c.csv", "."]
+    assert count._choices("summary", "finish") == ["3 entries"]
+    assert count._choices("path", "other") == ["data", "a.csv", "b.csv", "c.csv", "."]
 
     for task in ("List data and report how many files it holds.", "How many entries does the directory data have?"):
         assert SeenValues.from_task(task).task_dirs == ["data"]
@@ -909,17 +927,77 @@ def test_seen_values_follow_what_the_task_asks() -> None:
     listed.add_result(Result(id="4", ok=True, value=["x"] * 7), Call(tool="list_dir", kwargs={"path": "."}))
     assert not listed.answer_ready()  # the workspace's size is not what was asked
     listed.add_result(Result(id="5", ok=True, value=["a", "b", "c"]), Call(tool="list_dir", kwargs={"path": "data"}))
-    assert listed.answer_ready() and listed._choices("summary", finisher=True) == ["3 entries"]
+    assert listed.answer_ready() and listed._choices("summary", "finish") == ["3 entries"]
 
     write = SeenValues.from_task("Write the text 'hello world' to greeting.txt, then finish.")
-    assert write.writes and write._choices("content", finisher=False) == ["hello world"]
+    assert write.writes and write._choices("content", "other") == ["hello world"]
     assert write.completion_missing() == "no tool has run yet, so nothing of the task has been done"
     write.add_result(Result(id="6", ok=True, value=["a.txt"]), Call(tool="list_dir", kwargs={"path": "."}))
     assert write.completion_missing() == (
-        "the task asks for writing (greeting.txt) and nothing has been written yet"
+        "the task asks for writing greeting.txt and it has not been written yet"
     ) and not write.answer_ready()
+    assert write._choices("path", "write") == ["greeting.txt"]
+    write.add_result(Result(id="8", ok=True, value="wrote"), Call(tool="write_file", kwargs={"path": "a.txt"}))
+    assert write.completion_missing() is not None  # not the file the task names
     write.add_result(Result(id="7", ok=True, value="wrote"), Call(tool="write_file", kwargs={"path": "greeting.txt"}))
     assert write.completion_missing() is None and write.answer_ready()
+
+
+def narrowed(seen: Any, *names: str) -> dict[str, dict[str, Any]]:
+    """The builtin tools' parameter schemas as ``seen`` narrows them (only the tools it offers)."""
+    import executor.toolkits.builtin as builtin
+
+    specs = [ToolSpec.from_function(getattr(builtin, n)) for n in names]
+    return {s.name: {p.name: s.parameters["properties"][p.name] for p in s.params} for s in seen.constrain(specs)}
+
+
+def test_seen_values_offer_each_kind_of_tool_what_it_can_take() -> None:
+    from controller.seen import SeenValues
+
+    seen = SeenValues.from_task("How many lines does poem.txt have?")
+    tools = ("list_dir", "read_file", "write_file", "complete_task")
+    assert list(narrowed(seen, *tools)) == ["list_dir", "read_file"]  # no writing asked, no answer yet
+    seen.add_result(Result(id="1", ok=True, value=["a.txt", "docs/", "poem.txt"]), Call(tool="list_dir"))
+    schemas = narrowed(seen, *tools)
+    assert schemas["list_dir"]["path"]["enum"] == ["docs", "."]  # directories only
+    assert schemas["read_file"]["path"]["enum"] == ["poem.txt"]  # the file the task names, while unread
+    assert "max_bytes" not in schemas["read_file"]  # an optional number keeps its default
+    seen.add_result(Result(id="2", ok=True, value="a\nb\nc\n"), Call(tool="read_file", kwargs={"path": "poem.txt"}))
+    assert narrowed(seen, *tools)["read_file"]["path"]["enum"] == ["a.txt", "poem.txt"]
+    assert narrowed(seen, *tools)["complete_task"]["summary"]["enum"] == ["3 lines"]  # lines, not "3 entries"
+    assert "read_file" not in narrowed(SeenValues.from_task("Which file mentions the owl?"), *tools)  # none known
+
+
+def test_seen_values_write_what_was_read_to_the_file_the_task_names_after_reading() -> None:
+    from controller.seen import SeenValues
+
+    seen = SeenValues.from_task("Create report.txt with a one-line summary of garden.md.")
+    tools = ("read_file", "write_file", "complete_task")
+    assert list(narrowed(seen, *tools)) == ["read_file"]  # two files named: write after reading one
+    seen.add_result(Result(id="1", ok=True, value="The owl is grey.\nThe fox ran.\n"),
+                    Call(tool="read_file", kwargs={"path": "garden.md"}))
+    write = narrowed(seen, *tools)["write_file"]
+    assert write["path"]["enum"] == ["report.txt"]  # never the file it read
+    assert write["content"]["enum"] == ["The owl is grey.", "The fox ran."]
+    seen.add_result(Result(id="2", ok=True, value="wrote"), Call(tool="write_file", kwargs={"path": "garden.md"}))
+    assert seen.completion_missing() == "the task asks for writing report.txt and it has not been written yet"
+    free = SeenValues.from_task("Write a poem to poem.txt.")
+    assert narrowed(free, "write_file")["write_file"]["content"] == {"title": "Content", "type": "string",
+                                                                     "minLength": 1}
+    unread = SeenValues.from_task("Create report.txt with a one-line summary of garden.md.")
+    unread.add_result(Result(id="3", ok=True, value="wrote"), Call(tool="write_file", kwargs={"path": "report.txt"}))
+    assert unread.completion_missing() == "the task names garden.md, which has not been read yet"
+
+
+def test_after_the_answer_is_seen_one_more_call_then_only_finishing(builtin_client: Any) -> None:
+    replies = ['read_file(path="notes.txt")', 'list_dir(path=".")', 'list_dir(path=".")', DONE]
+    model = ScriptedModel(replies)
+    agent = CiaynAgent(model, builtin_client, grammar=True, constrain_values=True)
+    run(agent, "Read notes.txt and report the code")
+    assert model.requests[1][-1]["content"].endswith("That is what the task asks for: call complete_task with it now.")
+    assert model.requests[2][-1]["content"].endswith("Your next reply may only call complete_task.")
+    assert "call-list-dir" in (model.grammars[1] or "") and "call-list-dir" not in (model.grammars[2] or "")
+    assert (model.grammars[2] or "").startswith("root ::= call-complete-task\n")
 
 
 def test_a_which_file_answer_waits_for_a_file_related_to_the_task_or_for_every_file() -> None:
@@ -931,7 +1009,7 @@ def test_a_which_file_answer_waits_for_a_file_related_to_the_task_or_for_every_f
     which.add_result(Result(id="2", ok=True, value="Nothing here.\n"), Call(tool="read_file", kwargs={"path": "a.txt"}))
     assert not which.answer_ready()  # b.txt and c.txt may be the one
     which.add_result(Result(id="3", ok=True, value="A fox ran.\n"), Call(tool="read_file", kwargs={"path": "b.txt"}))
-    assert which.answer_ready() and which._choices("summary", finisher=True) == ["b.txt"]
+    assert which.answer_ready() and which._choices("summary", "finish") == ["b.txt"]
     none = SeenValues.from_task("Which file mentions the owl?")
     none.add_result(Result(id="4", ok=True, value=["a.txt"]), Call(tool="list_dir"))
     none.add_result(Result(id="5", ok=True, value="Nothing.\n"), Call(tool="read_file", kwargs={"path": "a.txt"}))

@@ -355,6 +355,34 @@ def test_no_spelling_of_a_kept_out_string_is_admitted(value: str) -> None:
             assert admits(grammar, f'"{near}"'), near
 
 
+LENGTH_SCHEMAS = st.fixed_dictionaries(
+    {"type": st.just("string")},
+    optional={
+        "minLength": st.integers(0, 6),
+        "maxLength": st.integers(0, 12),
+        "not": st.fixed_dictionaries({"enum": st.lists(st.sampled_from([*EXCLUDED, "ab", "abc", "x"]), max_size=4)}),
+    },
+)
+
+
+@PROPERTY_SETTINGS
+@given(schema=LENGTH_SCHEMAS, data=st.data())
+def test_a_string_bounded_in_length_and_kept_out_values_matches_its_schema(schema: Any, data: st.DataObject) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    assume(schema.get("minLength", 0) <= schema.get("maxLength", 256))
+    assume(schema.get("maxLength") != 0 or "" not in schema.get("not", {}).get("enum", []))  # nothing is left
+    grammar = gbnf.value_rules(schema)
+    value = parse_admitted(f"f(x={derive(grammar, data.draw)})", ONE_PARAM).kwargs["x"]
+    jsonschema.validate(value, schema)
+    other = data.draw(st.text(alphabet="abcx.", max_size=14))
+    try:
+        jsonschema.validate(other, schema)
+    except jsonschema.ValidationError:
+        assert not admits(grammar, f'"{other}"'), other
+    else:
+        assert admits(grammar, f'"{other}"'), other
+
+
 def test_a_kept_out_value_narrows_a_call_of_a_tool() -> None:
     spec = ToolSpec.from_function(read_file)
     narrowed = spec.model_copy(update={"parameters": {**spec.parameters, "properties": {"path": NOT_SCHEMA}}})

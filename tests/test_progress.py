@@ -34,11 +34,17 @@ def ping() -> str:
     return ""
 
 
+def lookup(key: str) -> str:
+    """Look a key up (its answer may change: not idempotent)."""
+    return ""
+
+
 SPECS = [
     ToolSpec.from_function(read_file, idempotent=True),
     ToolSpec.from_function(list_dir, idempotent=True),
     ToolSpec.from_function(write_file),
     ToolSpec.from_function(ping, idempotent=True),
+    ToolSpec.from_function(lookup),
 ]
 TOOLS = {s.name: s for s in SPECS}
 
@@ -69,13 +75,24 @@ def test_a_step_progresses_only_with_an_outcome_the_run_has_not_seen_for_that_ca
 
 def test_an_a_b_a_b_cycle_keeps_both_calls_out_until_something_new_happens() -> None:
     progress = Progress(TOOLS)
-    a, b = call("read_file", path="a.txt"), call("read_file", path="b.txt")
-    for step, c in enumerate([a, b, a], start=1):
-        progress.record(step, [(c, ok(c.kwargs["path"]))])
+    a, b = call("lookup", key="a"), call("lookup", key="b")  # a tool whose answer may change
+    for step, c in enumerate([a, b], start=1):
+        progress.record(step, [(c, ok(c.kwargs["key"]))])
+    assert progress.kept_out() == []
+    assert progress.record(3, [(a, ok("a"))]).stalled == 1
     assert progress.kept_out() == [a]
-    assert progress.record(4, [(b, ok("b.txt"))]).stalled == 2
+    assert progress.record(4, [(b, ok("b"))]).stalled == 2
     assert progress.kept_out() == [a, b]
-    progress.record(5, [(call("list_dir"), ok(["a.txt", "b.txt"]))])
+    progress.record(5, [(a, ok("a, changed"))])
+    assert progress.kept_out() == []
+
+
+def test_a_call_of_an_idempotent_tool_that_succeeded_is_kept_out_until_something_may_have_changed() -> None:
+    progress = Progress(TOOLS)
+    read, listing = call("read_file", path="a.txt"), call("list_dir")
+    assert progress.record(1, [(read, ok("a")), (listing, ok(["a.txt"]))]).kept_out == ()  # nothing new to say
+    assert progress.kept_out() == [read, listing]  # their results are in the conversation already
+    progress.record(2, [(call("lookup", key="k"), ok("v"))])
     assert progress.kept_out() == []
 
 
@@ -90,10 +107,10 @@ def test_a_settled_failure_is_kept_out_at_once_a_chance_failure_once_it_repeats(
 
 def test_a_tool_that_may_change_the_workspace_lets_failed_calls_back_in() -> None:
     progress = Progress(TOOLS)
-    missing = call("read_file", path="out.txt")
+    missing, other = call("read_file", path="out.txt"), call("read_file", path="a.txt")
     progress.record(1, [(missing, failed("tool_error", "no such file"))])
-    progress.record(2, [(call("read_file", path="a.txt"), ok("a"))])  # idempotent: nothing changed
-    assert progress.kept_out() == [missing]
+    progress.record(2, [(other, ok("a"))])  # idempotent: nothing changed
+    assert progress.kept_out() == [missing, other]
     progress.record(3, [(call("write_file", path="out.txt", content="x"), ok("wrote"))])
     assert progress.kept_out() == []
 
@@ -102,8 +119,9 @@ def test_unexplored_names_are_the_tasks_files_then_listed_entries_no_call_used()
     progress = Progress(TOOLS)
     progress.record(1, [(call("list_dir"), ok(["a.txt", "b.txt", "data/", "notes.txt"]))])
     progress.record(2, [(call("read_file", path="a.txt"), ok("a"))])
-    progress.record(3, [(call("list_dir", path="data"), failed("timeout"))])  # tried: looked at
-    assert progress.unexplored(["notes.txt", "report.md"]) == ["notes.txt", "report.md", "b.txt"]
+    progress.record(3, [(call("read_file", path="b.txt"), failed("timeout"))])  # tried, but not looked at
+    progress.record(4, [(call("read_file", path="notes.txt"), failed("tool_error", "a directory"))])
+    assert progress.unexplored(["notes.txt", "report.md"]) == ["notes.txt", "report.md", "b.txt", "data/"]
 
 
 def test_without_calls_keeps_the_first_text_argument_from_its_value() -> None:
@@ -137,6 +155,6 @@ def test_an_enum_loses_the_kept_out_value_and_a_tool_left_with_none_is_left_out(
 
 
 def test_a_tool_without_parameters_is_left_out_but_never_every_tool() -> None:
-    assert [s.name for s in without_calls(SPECS, [call("ping")])] == ["read_file", "list_dir", "write_file"]
+    assert [s.name for s in without_calls(SPECS, [call("ping")])] == ["read_file", "list_dir", "write_file", "lookup"]
     only = [TOOLS["ping"]]
     assert without_calls(only, [call("ping")]) == only
