@@ -783,6 +783,21 @@ def test_ciayn_run_cli_passes_allowlist_prompt_and_sampling_options(
     assert log_lines(workspace) == ["cli", "complete all done"]
 
 
+def test_ciayn_run_says_why_a_run_that_goes_round_in_circles_stopped_early(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from controller import cli
+
+    stub_module = pytest.importorskip("llm_stub")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with stub_module.LLMStub(["same()", "same()", "recall()", "recall()"] * 8) as stub:
+        assert cli.main(cli_argv(stub.api_base, workspace, "--max-steps", "30")) == 1
+        assert len(stub.requests) == 7
+    out = capsys.readouterr().out
+    assert "no progress: 4 steps in a row got only results this run had already seen" in out
+    assert "stopped early instead of spending the other 23 steps of the limit" in out
+
+
 def test_ciayn_run_cli_rejects_an_allowlist_naming_a_missing_tool(
     workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
