@@ -68,7 +68,9 @@ _QUOTED = re.compile(r"'([^'\n]{1,160})'|\"([^\"\n]{1,160})\"")
 _COUNT_QUESTION = re.compile(r"\bhow many\b|\bcount\b|\bnumber of\b", re.IGNORECASE)
 # asks for a file (not a line): "which file", "which of a.txt and b.txt", "the name of the file"
 _NAME_QUESTION = re.compile(
-    r"\bwhich\s+(?:\w+\s+)?(?:file|document)s?\b|\bwhich\s+(?:one|of)\b|\bname of\b|\bfile ?name\b", re.IGNORECASE
+    r"\bwhich\s+(?:\w+\s+)?(?:file|document)s?\b|\bwhich\s+(?:one|of)\b|\bname of\b|\bfile ?name\b"
+    r"|\b(?:its|the|their)\s+names?\b|\bthe\s+(?:file|document)s?\s+(?:that|which|where)\b",
+    re.IGNORECASE,
 )
 _WRITE_WORDS = re.compile(r"\b(?:write|writes|save|create|put|make|store|append|overwrite)\b", re.IGNORECASE)
 _WRITER_TOOL = re.compile(r"write|save|create|append|delete|remove", re.IGNORECASE)
@@ -121,6 +123,7 @@ class SeenValues:
     task_dirs: list[str] = field(default_factory=list)  # directory names it gives in words
     sizes_of: dict[str, str] = field(default_factory=dict)  # listed path -> its size ("3 entries")
     task_words: frozenset[str] = frozenset()
+    task_tokens: frozenset[str] = frozenset()  # every word of the task, lower case (directory names, say)
     answer: str = "any"  # what the task asks for: "count", "name" or "any"
     unit: str = "entries"  # what a count counts: "entries" (of a directory) or "lines" (of a file)
     lines_of: dict[str, str] = field(default_factory=dict)  # read file -> its size ("4 lines")
@@ -138,6 +141,7 @@ class SeenValues:
             seen.answer = "name"
         seen.writes = bool(_WRITE_WORDS.search(task))
         seen.task_words = frozenset(w.lower() for w in _WORD.findall(task)) - _COMMON
+        seen.task_tokens = frozenset(w.strip(".-").lower() for w in re.findall(r"[\w.-]+", task))
         files = [m.group(1) for m in _FILE_NAME.finditer(task)]
         dirs = [m.group(1).rstrip("/.") for pattern in _DIR_WORDS for m in pattern.finditer(task)]
         dirs = [d for d in dirs if d and d.lower() not in _NOT_NAMES and d not in files]
@@ -171,7 +175,11 @@ class SeenValues:
             entries = [here + v for v in value if isinstance(v, str)]
             _add(self.names, [*entries, *(e.rstrip("/") for e in entries if e.endswith("/"))])
             _add(self.listed_files, [e for e in entries if not e.endswith("/")])
-            _add(self.dirs, [e.rstrip("/") for e in entries if e.endswith("/")])
+            subdirs = [e.rstrip("/") for e in entries if e.endswith("/")]
+            _add(self.dirs, subdirs)
+            # a directory the task names as a bare word ("the entries of archive") is one it means
+            mentioned = [d for d in subdirs if d.lower() in self.task_tokens]
+            self.task_dirs = list(dict.fromkeys([*self.task_dirs, *mentioned]))
             size = f"{len(value)} {'entry' if len(value) == 1 else 'entries'}"
             _add(self.lines, [size])
             self.sizes_of[where] = size

@@ -1004,6 +1004,17 @@ def test_seen_values_write_what_was_read_to_the_file_the_task_names_after_readin
     assert unread.completion_missing() == "the task names garden.md, which has not been read yet"
 
 
+def test_a_directory_the_task_names_as_a_bare_word_is_the_one_counted() -> None:
+    from controller.seen import SeenValues
+
+    seen = SeenValues.from_task("Count the entries of archive.")
+    seen.add_result(Result(id="1", ok=True, value=["archive/", "a.txt", "b.txt"]), Call(tool="list_dir"))
+    assert seen.task_dirs == ["archive"] and not seen.answer_ready()  # "3 entries" is the workspace's
+    seen.add_result(Result(id="2", ok=True, value=["x", "y"]), Call(tool="list_dir", kwargs={"path": "archive"}))
+    assert seen.answer_ready() and seen._choices("summary", "finish") == ["2 entries"]
+    assert SeenValues.from_task("Find the file that mentions salmon and report its name.").answer == "name"
+
+
 def test_after_the_answer_is_seen_one_more_call_then_only_finishing(builtin_client: Any) -> None:
     replies = ['read_file(path="notes.txt")', 'list_dir(path=".")', 'list_dir(path=".")', DONE]
     model = ScriptedModel(replies)
