@@ -36,7 +36,8 @@ import psutil  # noqa: E402
 from controller import ExecutorClient  # noqa: E402
 from protocol import Call  # noqa: E402
 from protocol.curve import keygen, load_pair, load_public  # noqa: E402
-from tests.pool import POOL_TOOLS, Pool, free_port  # noqa: E402
+from tests.support.net import free_port  # noqa: E402
+from tests.support.pool import POOL_TOOLS, Pool  # noqa: E402
 
 OUT = ROOT / "bench-results" / "pool.json"
 SLEEP_S = 0.010

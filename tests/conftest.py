@@ -21,6 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from controller import ExecutorClient, LocalExecutor
+from tests.support.processes import alive
 
 TESTS = Path(__file__).parent
 FAULTY = str(TESTS / "tools" / "faulty.py")
@@ -144,14 +145,6 @@ def host_pid(supervisor: int, pid: int) -> int:
         if len(ids) >= 2 and ids[1] == pid and alive(p.pid):
             return p.pid
     return 0
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie is dead: it only waits to be reaped)."""
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
 
 
 def pid_namespaces() -> bool:

@@ -46,7 +46,7 @@ from executor.workers.cgroups import CgroupSupport
 from protocol import Call, Result, encode
 from protocol.environment import ALWAYS, ALWAYS_PREFIXES
 from tests.conftest import TESTS, host_pid, nspid, pid_namespaces, require_layer, template_of
-from tests.pool import wait_until
+from tests.support.waiting import wait_until
 from tests.test_executor_faults import Wire, _alive, assert_tree_is_supervisor_template_and
 
 ATTACKS = str(TESTS / "tools" / "attacks.py")

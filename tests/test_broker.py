@@ -39,7 +39,9 @@ from protocol import (
     encode,
 )
 from protocol.curve import keygen
-from tests.pool import ALPHA, BETA, CONFLICT, POOL_TOOLS, ROOT, Pool, free_port, wait_until
+from tests.support.net import free_port
+from tests.support.pool import ALPHA, BETA, CONFLICT, POOL_TOOLS, ROOT, Pool
+from tests.support.waiting import wait_until
 
 SLOW = 0.4  # seconds a call of the fairness test takes
 BULK = str(ROOT / "tests" / "tools" / "pool_bulk.py")

@@ -14,7 +14,9 @@ import zmq
 from controller import ExecutorClient
 from protocol import Bye, Call, Heartbeat, Limits, Ping, Ready, ToolSpec, decode, encode
 from protocol.curve import keygen, load_pair, load_public, secure_client
-from tests.pool import POOL_TOOLS, Pool, free_port, wait_until
+from tests.support.net import free_port
+from tests.support.pool import POOL_TOOLS, Pool
+from tests.support.waiting import wait_until
 
 SILENCE = 2.0
 

@@ -19,7 +19,8 @@ import pytest
 
 from controller import ExecutorClient
 from protocol import Call
-from tests.pool import POOL_TOOLS, ROOT, Pool, wait_until
+from tests.support.pool import POOL_TOOLS, ROOT, Pool
+from tests.support.waiting import wait_until
 
 CONTROLLERS = 8
 CALLS = 500

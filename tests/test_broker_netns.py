@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from protocol.curve import keygen
-from tests.pool import POOL_TOOLS, ROOT, Pool, wait_until
+from tests.support.pool import POOL_TOOLS, ROOT, Pool
+from tests.support.waiting import wait_until
 
 TAG = f"{os.getpid() % 100000}"
 HOSTS = ("broker", "exec1", "exec2", "ctl")

@@ -1,7 +1,7 @@
 """Red team against the broker: hostile clients on its frontend, hostile executors on its backend (an
 ipc backend has no CurveZMQ: whoever can reach the socket file may join), and its state directory.
 
-Real broker and executor processes (``tests.pool.Pool``), real sockets; the hostile parties are raw
+Real broker and executor processes (``tests.support.pool.Pool``), real sockets; the hostile parties are raw
 ZeroMQ sockets speaking ``ciayn/1`` through ``protocol.encode``/``decode``. A test marked
 ``xfail(strict=True)`` is a hole that is still open; the others are attacks that held.
 """
@@ -40,7 +40,8 @@ from protocol import (
     decode,
     encode,
 )
-from tests.pool import POOL_TOOLS, Pool, wait_until
+from tests.support.pool import POOL_TOOLS, Pool
+from tests.support.waiting import wait_until
 
 BOUND = 10.0  # seconds for one expected answer
 ECHO = ToolSpec(name="echo", signature="(x)", params=[Param(name="x")])

@@ -26,35 +26,16 @@ from controller import ExecutorClient, ExecutorStartError, ExecutorUnavailable, 
 from controller.client import DEADLINE_GRACE, SILENCE_BEFORE_RECONNECT, UNAVAILABLE_AFTER
 from executor.status import fetch
 from protocol import Call
+from tests.support.executors import local_of
+from tests.support.processes import alive
+from tests.support.waiting import wait_for
 
 FAULTY = str(Path(__file__).parent / "tools" / "faulty.py")
 SLACK = 2.0  # extra seconds a bound may take on a loaded 2-core machine
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
-
-
-def wait_for(condition: Callable[[], object], within: float, what: str) -> float:
-    """Poll ``condition`` until it holds; return the seconds it took, fail after ``within``."""
-    started = time.monotonic()
-    while not condition():
-        assert time.monotonic() - started < within, f"{what}: not within {within} s"
-        time.sleep(0.01)
-    return time.monotonic() - started
-
-
 def tree(pid: int) -> list[int]:
     return [pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))]
-
-
-def local_of(client: ExecutorClient) -> LocalExecutor:
-    local: LocalExecutor = client.local  # type: ignore[attr-defined]
-    assert local.proc is not None
-    return local
 
 
 def served(client: ExecutorClient) -> dict[str, tuple[int, int]]:
@@ -132,7 +113,7 @@ def test_a_call_in_flight_when_the_executor_is_killed_resolves_without_hanging(
     result = future.result(timeout=UNAVAILABLE_AFTER + SLACK + 2)
     assert time.monotonic() - started < UNAVAILABLE_AFTER + SLACK
     assert result.error is not None and result.error.kind in ("unavailable", "crashed"), result
-    wait_for(lambda: not any(_alive(p) for p in pids), 5, "template and worker died with the supervisor")
+    wait_for(lambda: not any(alive(p) for p in pids), 5, "template and worker died with the supervisor")
 
 
 def test_a_dead_executor_is_noticed_by_heartbeat_with_no_call_in_flight(
@@ -356,7 +337,7 @@ def test_local_executor_uses_a_private_dir_and_cleans_up_on_exit() -> None:
         pids = tree(local.proc.pid)
     assert not directory.exists()
     assert local.proc.returncode == 0, "the executor was not stopped cleanly (SIGTERM)"
-    wait_for(lambda: not any(_alive(p) for p in pids), 5, "every executor process ended")
+    wait_for(lambda: not any(alive(p) for p in pids), 5, "every executor process ended")
 
 
 

@@ -3,7 +3,6 @@ only those clients. Real executors, real tcp sockets on 127.0.0.1."""
 
 from __future__ import annotations
 
-import socket
 import stat
 import subprocess
 import sys
@@ -17,12 +16,7 @@ from controller import ExecutorClient, ExecutorUnavailable
 from protocol import Call
 from protocol.curve import CurveError, keygen, load_pair, load_public
 from tests.conftest import FAULTY
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.net import free_port
 
 
 @pytest.fixture
@@ -39,7 +33,7 @@ def start_executor(tmp_path: Path) -> Iterator[Callable[..., str]]:
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(*extra: str) -> str:
-        endpoint = f"tcp://127.0.0.1:{_free_port()}"
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
         log = open(tmp_path / f"executor{len(procs)}.log", "wb")  # noqa: SIM115
         procs.append(subprocess.Popen([sys.executable, "-m", "executor.cli", "serve", "--tools", FAULTY,
                                        "--bind", endpoint, *extra], stdout=log, stderr=log))
@@ -99,7 +93,7 @@ def test_a_missing_or_wrong_key_file_stops_start_up_clearly(tmp_path: Path, keys
     ):
         started = time.monotonic()
         out = subprocess.run([sys.executable, "-m", "executor.cli", "serve", "--tools", FAULTY, "--bind",
-                              f"tcp://127.0.0.1:{_free_port()}", *args], capture_output=True, text=True, timeout=60)
+                              f"tcp://127.0.0.1:{free_port()}", *args], capture_output=True, text=True, timeout=60)
         assert out.returncode != 0 and expected in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
         assert time.monotonic() - started < 30

@@ -40,8 +40,8 @@ from protocol import (
     decode,
     encode,
 )
-from tests.conftest import alive as _alive
 from tests.conftest import host_pid
+from tests.support.processes import alive as _alive
 
 FAULTY = str(Path(__file__).parent / "tools" / "faulty.py")
 TIMEOUT = 2.0  # the executor's default wall-clock limit

@@ -6,7 +6,6 @@ from __future__ import annotations
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,25 +20,20 @@ from controller import ExecutorClient, LocalExecutor
 from executor.registry import load_tools
 from protocol import Call
 from tests.conftest import host_pid, pid_namespaces, template_of
+from tests.support.net import free_port
+from tests.support.processes import alive
 
 FAULTY = str(Path(__file__).parent / "tools" / "faulty.py")
 SERVE = [sys.executable, "-m", "executor.cli", "serve"]
 START_WITHIN = 30.0  # seconds for a start-up to fail or succeed, on a loaded machine
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
-
-
 def wait_until_dead(pids: list[int], within: float = 5.0) -> list[int]:
     """The pids still running after waiting up to ``within`` seconds for all of them to end."""
     deadline = time.monotonic() + within
-    while (alive := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+    while (living := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.02)
-    return alive
+    return living
 
 
 def describe(pids: list[int]) -> list[str]:
@@ -118,7 +112,7 @@ def test_every_example_of_serve_help_starts_as_written(tmp_path: Path, sock_dir:
             if arg.startswith("ipc://"):
                 argv[j] = f"ipc://{sock_dir}/{i}.sock"
             elif arg.startswith("tcp://"):
-                argv[j] = f"tcp://127.0.0.1:{_free_port()}"
+                argv[j] = f"tcp://127.0.0.1:{free_port()}"
         proc = subprocess.Popen([*SERVE, *argv], cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, text=True)
         try:
@@ -209,9 +203,9 @@ def test_a_bad_start_stops_with_a_clear_message_and_leaves_nothing(case: str, tm
 
 
 REFUSED_STARTS: dict[str, Callable[[Path], list[str]]] = {
-    "plain tcp": lambda d: ["--bind", f"tcp://127.0.0.1:{_free_port()}"],
+    "plain tcp": lambda d: ["--bind", f"tcp://127.0.0.1:{free_port()}"],
     "abstract ipc": lambda d: ["--bind", f"ipc://@ciayn-test-{d.name}"],
-    "a missing key file": lambda d: ["--bind", f"tcp://127.0.0.1:{_free_port()}", "--curve-secret", str(d / "none")],
+    "a missing key file": lambda d: ["--bind", f"tcp://127.0.0.1:{free_port()}", "--curve-secret", str(d / "none")],
     "a dead parent": lambda d: ["--bind", f"ipc://{d}/x.sock", "--parent-pid", str(_dead_pid())],
 }
 
@@ -230,7 +224,7 @@ def test_a_refused_start_says_why_and_nothing_else(case: str, sock_dir: Path) ->
 @pytest.mark.parametrize("transport", ["tcp", "ipc"])
 def test_an_endpoint_in_use_stops_start_up_with_a_clear_message(transport: str, sock_dir: Path) -> None:
     """Also for ipc, where ZeroMQ would silently replace the live executor's socket file."""
-    endpoint = f"tcp://127.0.0.1:{_free_port()}" if transport == "tcp" else f"ipc://{sock_dir}/exec.sock"
+    endpoint = f"tcp://127.0.0.1:{free_port()}" if transport == "tcp" else f"ipc://{sock_dir}/exec.sock"
     insecure = ["--insecure"] if transport == "tcp" else []  # plain tcp is refused without it
     first = subprocess.Popen([*SERVE, "--tools", FAULTY, "--bind", endpoint, *insecure],
                              stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -266,14 +260,6 @@ def test_a_stopping_executor_removes_only_its_own_socket_file(sock_dir: Path) ->
         for proc in procs:
             proc.terminate()
             proc.wait(10)
-
-
-def _free_port() -> int:
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # ------------------------------------------------------------------------------ running and stopping

@@ -25,7 +25,8 @@ from controller import ExecutorClient
 from executor.workers.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, HOST_ADMIN_CAPS
 from protocol import Call, Result
 from tests.conftest import TESTS, pid_namespaces, template_of
-from tests.pool import free_port, wait_until
+from tests.support.net import free_port
+from tests.support.waiting import wait_until
 
 ROOT = TESTS.parent
 ATTACKS = str(TESTS / "tools" / "fork_attacks.py")

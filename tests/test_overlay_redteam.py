@@ -346,7 +346,7 @@ def test_behind_a_broker_a_call_applying_past_its_timeout_keeps_its_writes(tmp_p
     enforces every call's deadline itself, so it must hear from the executor (heartbeat
     ``applying``) that the call answered and is applying, and wait for it, instead of answering it
     ``timeout`` 2 s after its timeout while its writes land."""
-    from tests.pool import Pool
+    from tests.support.pool import Pool
 
     top, workspace = _workspace_dir()
     pool = Pool(tmp_path)

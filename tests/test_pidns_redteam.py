@@ -41,7 +41,7 @@ from executor.pool import RETIRE_GRACE
 from executor.workers.cgroups import CgroupSupport
 from protocol import Call, Result
 from tests.conftest import TESTS, host_pid, nspid, pid_namespaces, require_layer
-from tests.pool import START_BOUND, wait_until
+from tests.support.waiting import START_BOUND, wait_until
 
 PIDNS = str(TESTS / "tools" / "pidns_attacks.py")
 ROOT = TESTS.parent

@@ -19,7 +19,7 @@ import zmq
 from controller import ExecutorClient
 from protocol import Call, Pong, ProtocolError, Result, decode, resend_key
 from protocol.codec import valid_id
-from tests.pool import Pool
+from tests.support.pool import Pool
 
 VECTORS = Path(__file__).parent.parent / "protocol" / "vectors"
 CASES: list[dict[str, Any]] = [c for f in sorted(VECTORS.glob("*.json"))

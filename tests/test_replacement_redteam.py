@@ -24,7 +24,7 @@ import zmq
 
 from protocol import Call, Ping, Pong, Report, Result, Status, encode
 from tests.conftest import TESTS, template_of
-from tests.pool import wait_until
+from tests.support.waiting import wait_until
 from tests.test_startup_redteam import (
     FLAKY,
     GATE,

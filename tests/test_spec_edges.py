@@ -20,7 +20,7 @@ from executor import registry, signals
 from executor.status import fetch
 from protocol import LATENCY_BUCKETS, VERSION, Call, Pong, Result, decode, encode
 from protocol.schema import SPEC_PATH
-from tests.pool import wait_until
+from tests.support.waiting import wait_until
 
 SPEC = " ".join(SPEC_PATH.read_text().split())  # prose as one line: phrases may wrap anywhere
 EDGES = str(Path(__file__).parent / "tools" / "spec_edges.py")

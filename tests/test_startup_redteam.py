@@ -36,7 +36,7 @@ import zmq
 from controller import ExecutorClient
 from protocol import Bye, Call, Heartbeat, Hello, Ping, Pong, Ready, Result, Status, Welcome, decode, encode
 from tests.conftest import TESTS, pid_namespaces, template_of
-from tests.pool import wait_until
+from tests.support.waiting import wait_until
 
 ROOT = TESTS.parent
 TOOLS = TESTS / "tools"

@@ -26,7 +26,7 @@ from executor.workers import quickfork
 from executor.workers.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, HOST_ADMIN_CAPS
 from protocol import Call
 from tests.conftest import TESTS
-from tests.pool import wait_until
+from tests.support.waiting import wait_until
 
 TOOLS = TESTS / "tools"
 

@@ -19,7 +19,7 @@ import pytest
 from controller import ExecutorClient, ExecutorUnavailable, LocalExecutor
 from protocol import Call, Result
 from tests.conftest import TESTS, template_of
-from tests.pool import wait_until
+from tests.support.waiting import wait_until
 from tests.test_wire_client import HostileServer, _tool
 
 TOOLS = str(TESTS / "tools" / "template_attacks.py")

@@ -19,7 +19,8 @@ from controller import ExecutorClient
 from executor.cli import main
 from executor.status import fetch
 from protocol import Call, Result
-from tests.pool import Pool, wait_until
+from tests.support.pool import Pool
+from tests.support.waiting import wait_until
 
 CEILING_TOOLS = str(Path(__file__).parent / "tools" / "ceiling.py")  # patient: @tool(timeout=60); plain: none
 EXECUTOR = [sys.executable, "-m", "executor.cli"]

@@ -20,6 +20,7 @@ from executor.registry import load_tools
 from executor.toolkits import builtin, paths, shell
 from executor.toolkits.builtin import complete_task, emit_note, list_dir, read_file, write_file
 from executor.toolkits.shell import run_shell
+from tests.support.processes import alive
 
 
 @pytest.fixture(params=["openat2", "fallback"])
@@ -54,17 +55,10 @@ def wait_until_dead(pids: list[int], within: float = 5.0) -> list[int]:
     """The pids still alive (not gone, not a zombie) after waiting up to ``within`` seconds."""
     deadline = time.monotonic() + within
     while True:
-        alive = [pid for pid in pids if _alive(pid)]
-        if not alive or time.monotonic() >= deadline:
-            return alive
+        living = [pid for pid in pids if alive(pid)]
+        if not living or time.monotonic() >= deadline:
+            return living
         time.sleep(0.02)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
-    except psutil.NoSuchProcess:
-        return False
 
 
 def live_sleep_children() -> list[psutil.Process]:

@@ -15,24 +15,14 @@ from pathlib import Path
 import pytest
 import zmq
 
-from controller import ExecutorClient, LocalExecutor
+from controller import ExecutorClient
 from controller.client import UNAVAILABLE_AFTER
 from executor.calls import CallTable, Job, fingerprint, id_key
 from protocol import Call, Cancel, Limits, Ping, Pong, Report, Result, Status, decode, encode
+from tests.support.executors import local_of
+from tests.support.waiting import wait_for
 
 SLACK = 3.0  # seconds a bound may take on a loaded 2-core machine
-
-
-def wait_for(condition: Callable[[], object], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {within} s"
-        time.sleep(0.02)
-
-
-def local_of(client: ExecutorClient) -> LocalExecutor:
-    local: LocalExecutor = client.local  # type: ignore[attr-defined]
-    return local
 
 
 def test_unknown_tool_calls_cannot_flush_the_memory_of_a_call_that_ran(

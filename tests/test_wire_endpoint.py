@@ -23,19 +23,16 @@ import psutil
 import pytest
 import zmq
 
-from controller import ExecutorClient, LocalExecutor
+from controller import ExecutorClient
 from controller.client import DEADLINE_GRACE
 from protocol import MAX_FRAME_BYTES, VERSION, Call, Ping, Pong, Report, Result, Status, decode, encode
+from tests.support.executors import local_of
+from tests.support.net import free_port
 from tests.test_codec import BOMBS
 
 FAULTY = str(Path(__file__).parent / "tools" / "faulty.py")
 SERVE = [sys.executable, "-m", "executor.cli", "serve", "--tools", FAULTY]
 SLACK = 3.0
-
-
-def local_of(client: ExecutorClient) -> LocalExecutor:
-    local: LocalExecutor = client.local  # type: ignore[attr-defined]
-    return local
 
 
 def until_busy(endpoint: str, within: float = 10.0) -> None:
@@ -225,13 +222,13 @@ def _serve_fails(*args: str) -> str:
 @pytest.mark.parametrize("endpoint", ["ipc://@ciayn-wire-test", "tcp://127.0.0.1:{port}"], ids=["abstract", "tcp"])
 def test_an_endpoint_any_local_user_can_reach_is_refused_without_insecure(endpoint: str) -> None:
     """Before: an executor on abstract ipc or loopback tcp without CurveZMQ served any local user."""
-    endpoint = endpoint.format(port=_free_port())
+    endpoint = endpoint.format(port=free_port())
     err = _serve_fails("--bind", endpoint)
     assert "refusing to serve" in err and "--insecure" in err
 
 
 def test_with_insecure_it_serves_and_warns(private_dir: Path) -> None:
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     proc = subprocess.Popen([*SERVE, "--bind", endpoint, "--insecure"], stdin=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -295,12 +292,6 @@ def test_the_client_refuses_a_socket_in_a_directory_others_can_write(private_dir
         ExecutorClient(f"ipc://{path}", connect_timeout=0.1).close()
     finally:
         listener.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- logs

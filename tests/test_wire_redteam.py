@@ -23,7 +23,7 @@ import zmq
 from controller import ExecutorClient
 from protocol import VERSION, Call, Hello, Ping, Pong, Result, decode, encode
 from protocol.wire import LOG_BURST
-from tests.pool import wait_until
+from tests.support.waiting import wait_until
 
 Handler = Callable[[bytes, Any], list[list[bytes]]]
 
@@ -289,7 +289,7 @@ def test_a_flood_of_malformed_messages_is_logged_at_a_bounded_rate_by_the_broker
     warning line in the broker's log (about 140 bytes each, 4,000 a second: a client could fill the
     broker's disk). Each is still answered ``protocol``; the log holds at most ``LOG_BURST`` lines a
     window, then a line counting the rest. The broker then serves a normal call."""
-    from tests.pool import Pool
+    from tests.support.pool import Pool
 
     pool = Pool(tmp_path)
     try:
@@ -484,7 +484,7 @@ def test_a_broker_pushing_large_calls_cannot_fill_a_linked_executors_memory(priv
     import psutil
 
     from protocol import Heartbeat, Ready
-    from tests.pool import POOL_TOOLS, Pool
+    from tests.support.pool import POOL_TOOLS, Pool
 
     backend = f"ipc://{private_dir}/backend.sock"
     ctx = zmq.Context()
@@ -531,7 +531,7 @@ def test_a_pool_never_grows_past_the_tools_a_welcome_may_list(tmp_path: Path) ->
     """Two executors with 600 different tools each: together over the 1024 a welcome may list (the
     broker's welcome would no longer be valid). The second is refused, told why."""
     from protocol import Bye, Heartbeat, Limits, Ready, ToolSpec
-    from tests.pool import Pool
+    from tests.support.pool import Pool
 
     pool = Pool(tmp_path)
     ctx = zmq.Context()
@@ -573,7 +573,7 @@ def test_an_executor_announcing_thousands_of_tools_does_not_stall_the_broker(tmp
     does not, and every ``status`` is answered within 5 s."""
     from protocol import Limits, Ready, Report, Status, ToolSpec
     from protocol.spec import MAX_TOOLS
-    from tests.pool import Pool
+    from tests.support.pool import Pool
 
     pool = Pool(tmp_path)
     ctx = zmq.Context()

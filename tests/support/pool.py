@@ -7,41 +7,22 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from executor.status import StatusError, fetch
 from protocol import Report
+from tests.support.waiting import START_BOUND, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 POOL_TOOLS = str(ROOT / "tests" / "tools" / "pool_tools.py")
 ALPHA = str(ROOT / "tests" / "tools" / "pool_alpha.py")
 BETA = str(ROOT / "tests" / "tools" / "pool_beta.py")
 CONFLICT = str(ROOT / "tests" / "tools" / "pool_conflict.py")
-START_BOUND = 30.0  # seconds for processes to come up on a loaded machine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(what: str, check: Callable[[], Any], timeout: float = START_BOUND, every: float = 0.05) -> Any:
-    """Poll ``check`` until it returns something truthy; fail the test saying ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(every)
 
 
 class Pool:
