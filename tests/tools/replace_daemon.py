@@ -6,6 +6,7 @@ replacement cannot start and the supervisor tries again, and again."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
 
@@ -17,6 +18,7 @@ with open("imports") as _f:
     _number = len(_f.read().split())
 
 if _number >= 2:
+    _ready_r, _ready_w = os.pipe()  # the import goes on (and fails) only once the daemon has registered
     if os.fork() == 0:
         os.setsid()
         if os.fork() == 0:
@@ -26,9 +28,12 @@ if _number >= 2:
                 _c.write("rt-daemon")
             with open("daemons", "a") as _d:
                 _d.write(f"{os.getpid()}\n")
+            os.write(_ready_w, b"!")
             time.sleep(120)
         os._exit(0)
     os.wait()
+    os.close(_ready_w)
+    select.select([_ready_r], [], [], 10)  # bounded: a daemon that never registers fails the test's premise
     raise RuntimeError(f"replace_daemon: import {_number} told to fail after starting its daemon")
 
 
