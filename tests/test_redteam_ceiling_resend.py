@@ -58,12 +58,8 @@ from protocol import (
     decode,
     encode,
 )
-
-try:  # tests/pool.py moves to tests/support/ (pool.py, waiting.py)
-    from tests.support.pool import Pool
-    from tests.support.waiting import START_BOUND, wait_until
-except ImportError:  # the layout before the move
-    from tests.pool import START_BOUND, Pool, wait_until  # type: ignore[no-redef]
+from tests.support.pool import Pool
+from tests.support.waiting import START_BOUND, wait_until
 
 TESTS = Path(__file__).parent
 TOOLS = str(TESTS / "tools" / "redteam_ceiling_resend.py")
