@@ -18,13 +18,17 @@ What it keeps from RA.Aid's CiaynAgent and what it fixes (see notes/raaid-behavi
 - progress is watched over the whole run, not only the last step (``controller.progress``): a call
   that gets a result it already got in this run is told so, with a next call made from what the
   run has seen but not looked at (files a listing returned that no call has read, say); when the
-  grammar is built from the tool specs, calls that failed and calls repeated in a stall are left
-  out of it; and ``max_stalled_steps`` steps in a row without a new result end the run early,
-  saying why, instead of spending the rest of the step limit going round in circles.
+  grammar is built from the tool specs, calls whose answer cannot change (a settled failure, a
+  call of an ``idempotent`` tool that succeeded) and calls repeated in a stall are left out of it;
+  and ``max_stalled_steps`` steps in a row without a new result end the run early, saying why,
+  instead of spending the rest of the step limit going round in circles;
+- with ``check_completion``, a completion call is refused while the task visibly lacks something.
 
 For small models: ``prompt_style="compact"`` sends short instructions, ``few_shot=True`` adds
 example turns generated from the offered tools (``prompts.example_turns``), a grammar makes every
-reply a valid call, and ``constrain_values`` narrows file names and answers to what the run has seen.
+reply a valid call (its free text bounded by the model's reply cap, so no reply is cut off), and
+``constrain_values`` narrows file names and answers to what the run has seen; once that is what the
+task asks for, the model is told so, and one call later it may only finish.
 """
 
 from __future__ import annotations
