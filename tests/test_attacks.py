@@ -46,8 +46,10 @@ from executor.workers.cgroups import CgroupSupport
 from protocol import Call, Result, encode
 from protocol.environment import ALWAYS, ALWAYS_PREFIXES
 from tests.conftest import TESTS, host_pid, nspid, pid_namespaces, require_layer, template_of
+from tests.support.processes import alive as _alive
+from tests.support.processes import assert_tree_is_supervisor_template_and
 from tests.support.waiting import wait_until
-from tests.test_executor_faults import Wire, _alive, assert_tree_is_supervisor_template_and
+from tests.support.wire import Wire
 
 ATTACKS = str(TESTS / "tools" / "attacks.py")
 TIMEOUT = 5.0  # the executors' wall-clock limit

@@ -23,25 +23,22 @@ from typing import Any
 import msgpack
 import psutil
 import pytest
-import zmq
 
 from controller import ExecutorClient, LocalExecutor
 from protocol import (
     MAX_FRAME_BYTES,
     VERSION,
-    Body,
     Call,
     Cancel,
-    Message,
     Ping,
-    Pong,
     Result,
     Signal,
-    decode,
     encode,
 )
 from tests.conftest import host_pid
 from tests.support.processes import alive as _alive
+from tests.support.processes import assert_tree_is_supervisor_template_and
+from tests.support.wire import Wire
 
 FAULTY = str(Path(__file__).parent / "tools" / "faulty.py")
 TIMEOUT = 2.0  # the executor's default wall-clock limit
@@ -52,81 +49,6 @@ MEMORY_MB = 300
 
 
 # ------------------------------------------------------------------------------------------ helpers
-
-
-def live_tree(local: LocalExecutor) -> dict[int, psutil.Process]:
-    """Every live process of the executor: the supervisor and all its descendants."""
-    assert local.proc is not None
-    root = psutil.Process(local.proc.pid)
-    return {p.pid: p for p in [root, *root.children(recursive=True)] if _alive(p.pid)}
-
-
-def assert_tree_is_supervisor_template_and(local: LocalExecutor, worker_pid: int | None) -> None:
-    """The executor's tree is its supervisor, its template and one worker: ``worker_pid`` (a reused
-    worker), or, with fresh workers (``None``), the one worker forked ahead, once the worker that ran
-    the last call has exited (it may take a moment)."""
-    assert local.proc is not None
-    deadline = time.monotonic() + 5
-    while True:
-        try:
-            tree = live_tree(local)
-            supervisor = tree.pop(local.proc.pid)
-            template = [p for p in tree.values() if p.ppid() == supervisor.pid]
-            assert len(template) == 1, f"the supervisor has children {template}, expected only the template"
-            tree.pop(template[0].pid)
-            expected = [worker_pid] if worker_pid is not None else [p.pid for p in tree.values()][:1]
-            if list(tree) == expected and all(p.ppid() == template[0].pid for p in tree.values()):
-                return
-        except psutil.NoSuchProcess:  # a worker exited between the listing and the look at it: look again
-            tree = {}
-        assert time.monotonic() < deadline, (
-            f"besides supervisor and template the executor holds {[(p.pid, p.cmdline()) for p in tree.values()]}, "
-            f"expected only one worker {worker_pid or ''}")
-        time.sleep(0.02)
-
-
-class Wire:
-    """Raw DEALER sockets on an executor's endpoint: what a client sends, without the client."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-        self.ctx = zmq.Context()
-        self.socks: list[zmq.Socket[bytes]] = []
-
-    def socket(self) -> zmq.Socket[bytes]:
-        sock: zmq.Socket[bytes] = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.endpoint)
-        self.socks.append(sock)
-        return sock
-
-    @staticmethod
-    def send(sock: zmq.Socket[bytes], msg: Body | list[bytes]) -> None:
-        sock.send_multipart(msg if isinstance(msg, list) else encode(msg))
-
-    @staticmethod
-    def receive(sock: zmq.Socket[bytes], within: float = 5.0) -> Message | None:
-        """The next message on ``sock`` within ``within`` seconds, else None."""
-        if not sock.poll(int(within * 1000), zmq.POLLIN):
-            return None
-        return decode(sock.recv_multipart())
-
-    def ask(self, sock: zmq.Socket[bytes], msg: Body | list[bytes], within: float = 5.0) -> Message | None:
-        self.send(sock, msg)
-        return self.receive(sock, within)
-
-    def ping(self, within: float = 1.0) -> Pong:
-        """Ping on a fresh socket; fail unless a pong comes back within ``within`` seconds."""
-        nonce = int(time.monotonic_ns() % 2**31)
-        reply = self.ask(self.socket(), Ping(nonce=nonce), within)
-        assert isinstance(reply, Pong), f"no pong within {within} s (got {reply!r})"
-        assert reply.nonce == nonce
-        return reply
-
-    def close(self) -> None:
-        for sock in self.socks:
-            sock.close(0)
-        self.ctx.term()
 
 
 def call_id() -> str:

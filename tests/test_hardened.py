@@ -290,7 +290,9 @@ import test_attacks as attack_suite  # noqa: E402 (tests/ is on sys.path: pytest
 from test_attacks import ATTACKS  # noqa: E402
 
 start_raw = attack_suite.start_raw  # the fixture, for the suite's tests that start raw executors
-from test_executor_faults import FAULTS, ROUNDS, Wire, _start, _survives  # noqa: E402
+from test_executor_faults import FAULTS, ROUNDS, _start, _survives  # noqa: E402
+
+from tests.support.wire import Wire  # noqa: E402
 
 
 @pytest.fixture(scope="module")
