@@ -12,6 +12,7 @@ import ast
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -118,15 +119,16 @@ def _package_of(path: Path) -> str:
     ],
 )
 def test_no_source_file_imports_a_forbidden_module(package: str, forbidden: tuple[str, ...]) -> None:
-    files = sorted((ROOT / package).rglob("*.py"))
-    assert files, f"no sources under {package}/"
-    offending = [
-        f"{path.relative_to(ROOT)}:{line}: {module}"
-        for path in files
-        for line, module in _imported_modules(path, _package_of(path))
-        if _is_forbidden(module, forbidden)
-    ]
-    assert offending == []
+    assert _offending(package, lambda module: _is_forbidden(module, forbidden), at_least=1) == []
+
+
+def _offending(folder: str, forbidden: Callable[[str], bool], at_least: int) -> list[str]:
+    """``file:line: module`` for every import under ``folder`` (at least ``at_least`` files) that
+    ``forbidden`` refuses."""
+    files = sorted((ROOT / folder).rglob("*.py"))
+    assert len(files) >= at_least, f"{len(files)} sources under {folder}/"
+    return [f"{path.relative_to(ROOT)}:{line}: {module}" for path in files
+            for line, module in _imported_modules(path, _package_of(path)) if forbidden(module)]
 
 
 def test_the_static_check_finds_every_import_form(tmp_path: Path) -> None:
@@ -170,15 +172,7 @@ def _matches(module: str, names: tuple[str, ...]) -> bool:
 
 
 def test_the_workers_package_imports_nothing_of_the_supervisors_side() -> None:
-    files = sorted((ROOT / "executor" / "workers").rglob("*.py"))
-    assert len(files) > 5
-    offending = [
-        f"{path.relative_to(ROOT)}:{line}: {module}"
-        for path in files
-        for line, module in _imported_modules(path, _package_of(path))
-        if _matches(module, WORKER_SIDE_FORBIDDEN)
-    ]
-    assert offending == []
+    assert _offending("executor/workers", lambda module: _matches(module, WORKER_SIDE_FORBIDDEN), at_least=6) == []
 
 
 def test_importing_every_workers_module_starts_no_zeromq_or_event_loop() -> None:
@@ -252,10 +246,6 @@ def test_the_circle_check_finds_a_circle() -> None:
 def test_the_client_side_knows_nothing_of_workers_or_the_call_table() -> None:
     """executor/clientside/ (a bound ROUTER, a link to a broker) only moves messages: it imports no worker,
     pool, call table, supervisor or broker module."""
-    files = sorted((ROOT / "executor" / "clientside").rglob("*.py"))
-    assert len(files) >= 3
     below = ("executor.workers", "executor.pool", "executor.calls", "executor.supervisor", "executor.broker",
              "executor.hardening", "executor.overlay")
-    offending = [f"{path.relative_to(ROOT)}:{line}: {module}" for path in files
-                 for line, module in _imported_modules(path, _package_of(path)) if _matches(module, below)]
-    assert offending == []
+    assert _offending("executor/clientside", lambda module: _matches(module, below), at_least=3) == []
