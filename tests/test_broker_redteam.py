@@ -9,8 +9,6 @@ ZeroMQ sockets speaking ``ciayn/1`` through ``protocol.encode``/``decode``. A te
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -40,6 +38,7 @@ from protocol import (
     decode,
     encode,
 )
+from tests.support.hostile import HostileMember
 from tests.support.pool import POOL_TOOLS, Pool
 from tests.support.waiting import wait_until
 
@@ -61,72 +60,17 @@ def ctx() -> Iterator[zmq.Context[zmq.Socket[bytes]]]:
     c.destroy(0)
 
 
-class FakeExecutor:
-    """A hostile executor on the backend, in a thread that owns its DEALER: it sends ``ready`` (unless
-    ``ready`` is None), heartbeats while ``beating``, records what the broker sends it, and sends
-    whatever the test queues with ``send``. It never answers a call on its own."""
-
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, ready: Ready | None) -> None:
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-        self.name = ready.executor if ready is not None else ""
-        self.ready = ready
-        self.beating = ready is not None
-        self.received: queue.Queue[Any] = queue.Queue()
-        self.outgoing: queue.Queue[list[bytes]] = queue.Queue()
-        self.stop = threading.Event()
-        if ready is not None:
-            self.outgoing.put(encode(ready))
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def send(self, msg: Any) -> None:
-        self.outgoing.put(msg if isinstance(msg, list) else encode(msg))
-
-    def _run(self) -> None:
-        next_beat = 0.0
-        while not self.stop.is_set():
-            while not self.outgoing.empty():
-                self.sock.send_multipart(self.outgoing.get())
-            now = time.monotonic()
-            if self.beating and now >= next_beat:
-                self.sock.send_multipart(encode(Heartbeat(executor=self.name)))
-                next_beat = now + 0.3
-            if self.sock.poll(20):
-                msg = decode(self.sock.recv_multipart())
-                if not isinstance(msg, Heartbeat):
-                    self.received.put(msg)
-        self.sock.close(0)
-
-    def expect(self, kind: type, timeout: float = BOUND) -> Any:
-        """The next message of ``kind`` the broker sends this executor, or None within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                msg = self.received.get(timeout=left)
-            except queue.Empty:
-                return None
-            if isinstance(msg, kind):
-                return msg
-        return None
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-
-
 @pytest.fixture
-def fakes(ctx: zmq.Context[zmq.Socket[bytes]]) -> Iterator[list[FakeExecutor]]:
-    made: list[FakeExecutor] = []
+def fakes(ctx: zmq.Context[zmq.Socket[bytes]]) -> Iterator[list[HostileMember]]:
+    made: list[HostileMember] = []
     yield made
     for f in made:
         f.close()
 
 
-def _fake(fakes: list[FakeExecutor], ctx: zmq.Context[zmq.Socket[bytes]], pool: Pool,
-          ready: Ready | None) -> FakeExecutor:
-    f = FakeExecutor(ctx, pool.backend, ready)
+def _fake(fakes: list[HostileMember], ctx: zmq.Context[zmq.Socket[bytes]], pool: Pool,
+          ready: Ready | None) -> HostileMember:
+    f = HostileMember(ctx, pool.backend, ready)
     fakes.append(f)
     return f
 
@@ -182,7 +126,7 @@ def _pool_tools(ctx: zmq.Context[zmq.Socket[bytes]], pool: Pool) -> list[ToolSpe
 # Closed (was: any backend peer could announce an honest executor's id with another incarnation; the broker
 # dropped the honest executor and answered its running calls `crashed`, though they went on running).
 def test_impersonating_an_executor_id_does_not_crash_its_calls(
-        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[FakeExecutor]) -> None:
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[HostileMember]) -> None:
     """The member is asked to announce itself again, does (it is alive), and the impostor is refused."""
     pool.start_broker()
     pool.add_executor([POOL_TOOLS], 1)
@@ -203,7 +147,7 @@ def test_impersonating_an_executor_id_does_not_crash_its_calls(
 
 
 def test_a_member_that_keeps_beating_keeps_its_id_even_if_it_never_announces_again(
-        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[FakeExecutor]) -> None:
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[HostileMember]) -> None:
     """A member that ignores the broker's "announce yourself again" but goes on heartbeating is alive
     too: a newcomer announcing its id is refused, and the member keeps the call it was given."""
     pool.start_broker()
@@ -224,7 +168,7 @@ def test_a_member_that_keeps_beating_keeps_its_id_even_if_it_never_announces_aga
 
 @pytest.mark.parametrize("gone", ["its connection closed", "it hung, connection open"])
 def test_an_executor_back_on_a_new_connection_takes_its_id_and_its_calls_back(
-        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[FakeExecutor], gone: str) -> None:
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[HostileMember], gone: str) -> None:
     """The legitimate case beside the attack: the same executor (id and incarnation) announces itself
     on a new connection after its old one died or went silent. The new one takes the id within about
     two seconds and is sent the call in flight again (it holds it: a real executor joins the running call
@@ -255,7 +199,7 @@ def test_an_executor_back_on_a_new_connection_takes_its_id_and_its_calls_back(
 
 # Closed (was: a backend peer that never sent `ready` can put a result in the broker's cache under any id...).
 def test_a_backend_peer_that_never_joined_cannot_answer_a_call(
-        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[FakeExecutor]) -> None:
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[HostileMember]) -> None:
     pool.start_broker()
     pool.add_executor([POOL_TOOLS], 1)
     _members(pool, 1)
@@ -272,7 +216,7 @@ def test_a_backend_peer_that_never_joined_cannot_answer_a_call(
 
 # Closed (was: held ids of every executor shared one bounded table, oldest out: a flood evicted others').
 def test_a_flood_of_held_ids_does_not_reroute_a_held_call(
-        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[FakeExecutor], tmp_path: Path) -> None:
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[HostileMember], tmp_path: Path) -> None:
     pool.start_broker()
     pool.add_executor([POOL_TOOLS], 1)
     _members(pool, 1)
@@ -296,7 +240,7 @@ def test_a_flood_of_held_ids_does_not_reroute_a_held_call(
 # Closed (was: an executor's `ready` decided every client's deadline: its apply_grace_s, up to 86,400, became the
 # broker welcome's, and a liar with capacity 4096 that never answered held a 1 s call ~2 minutes).
 def test_a_lying_executor_cannot_hold_calls_far_past_their_timeout(
-        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[FakeExecutor]) -> None:
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[HostileMember]) -> None:
     """The honest executor's workers are busy, so the calls surely go to the liar, which announces a
     day of apply grace and 4096 workers and never answers. The broker answers each call `timeout`
     itself at its timeout plus 2 s and cancels it on the liar; the welcome's apply grace is the
@@ -333,7 +277,7 @@ def test_a_lying_executor_cannot_hold_calls_far_past_their_timeout(
 
 
 def test_an_executors_announced_default_timeout_is_trusted_only_up_to_the_brokers_ceiling(
-        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[FakeExecutor]) -> None:
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[HostileMember]) -> None:
     """The liar announces a default timeout of an hour and never answers. With --max-timeout 1 the
     broker sends it the call with a 1 s max_timeout, answers the client `timeout` itself at 1 s plus 2 s
     (not after an hour), and its welcome says neither more than 1 s."""
@@ -358,7 +302,7 @@ def test_an_executors_announced_default_timeout_is_trusted_only_up_to_the_broker
 
 
 def test_an_executor_applying_a_calls_writes_gets_the_brokers_apply_grace_and_no_more(
-        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[FakeExecutor]) -> None:
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[HostileMember]) -> None:
     """The executor announces a day of apply grace, and says in a heartbeat that it is applying the
     call's writes: the broker (--apply-grace 2) waits until 2 s after that notice plus 2 s, so the
     answer sent 3.5 s after the call reaches the client; another call it says nothing about is
@@ -387,7 +331,7 @@ def test_an_executor_applying_a_calls_writes_gets_the_brokers_apply_grace_and_no
 # Closed (was: the first executor to announce a tool name fixed its spec, and an honest executor announcing it
 # differently later was refused and exited for good: any backend peer could squat the pool's tool names).
 def test_a_tool_name_squatter_cannot_make_an_honest_executor_exit(
-        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[FakeExecutor]) -> None:
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[HostileMember]) -> None:
     pool.start_broker()
     squat = ToolSpec(name="work", signature="(x)", params=[Param(name="x")])
     squatter = _fake(fakes, ctx, pool, Ready(executor="squatter", incarnation=1, tools=[squat], limits=Limits()))
@@ -406,7 +350,7 @@ def test_a_tool_name_squatter_cannot_make_an_honest_executor_exit(
 
 # Closed (was: executor ids are free text (0-256 chars, newlines allowed) and go into the journal unescap...).
 def test_an_executor_id_cannot_forge_journal_lines(
-        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[FakeExecutor], tmp_path: Path) -> None:
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[HostileMember], tmp_path: Path) -> None:
     state = tmp_path / "state"
     pool.start_broker("--state-dir", str(state))
     evil = f"x\n{time.time():.3f} victim-id gone"
@@ -437,7 +381,7 @@ def test_a_symlink_in_the_state_dir_cannot_redirect_the_journal(pool: Pool, tmp_
 
 
 def test_an_executor_cannot_answer_a_call_it_was_not_sent_even_under_the_right_id(
-        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[FakeExecutor]) -> None:
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], fakes: list[HostileMember]) -> None:
     """Two joined executors: the one given the call is slow; the other answers its id first. Ignored."""
     pool.start_broker()
     a = _fake(fakes, ctx, pool, Ready(executor="a", incarnation=1, tools=[ECHO], limits=Limits()))

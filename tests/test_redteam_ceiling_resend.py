@@ -21,13 +21,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import queue
 import random
 import signal
 import struct
 import subprocess
 import sys
-import threading
 import time
 import unicodedata
 import uuid
@@ -58,6 +56,7 @@ from protocol import (
     decode,
     encode,
 )
+from tests.support.hostile import HostileMember
 from tests.support.pool import Pool
 from tests.support.waiting import START_BOUND, wait_until
 
@@ -654,71 +653,12 @@ def test_a_call_in_flight_across_a_broker_restart_keeps_matching_its_resend(
 ECHO = ToolSpec(name="echo", signature="(x)", params=[Param(name="x")])
 
 
-class Member:
-    """A hostile executor on a broker's backend, in a thread that owns its DEALER: it announces
-    ``ready`` (raw frames or a model), heartbeats (listing ``applying`` in every heartbeat when set),
-    records what the broker sends it, and sends what the test queues. It never answers a call."""
-
-    def __init__(self, ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, ready: Ready | list[bytes] | None,
-                 name: str = "") -> None:
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-        self.name = ready.executor if isinstance(ready, Ready) else name
-        self.beating = ready is not None
-        self.applying: list[str] = []
-        self.received: queue.Queue[Any] = queue.Queue()
-        self.outgoing: queue.Queue[list[bytes]] = queue.Queue()
-        self.stop = threading.Event()
-        if ready is not None:
-            self.outgoing.put(ready if isinstance(ready, list) else encode(ready))
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def send(self, msg: Any) -> None:
-        self.outgoing.put(msg if isinstance(msg, list) else encode(msg))
-
-    def _run(self) -> None:
-        next_beat = 0.0
-        while not self.stop.is_set():
-            while not self.outgoing.empty():
-                self.sock.send_multipart(self.outgoing.get())
-            now = time.monotonic()
-            if self.beating and now >= next_beat:
-                self.sock.send_multipart(encode(Heartbeat(executor=self.name, applying=list(self.applying))))
-                next_beat = now + 0.3
-            if self.sock.poll(20):
-                msg: Any
-                try:
-                    msg = decode(self.sock.recv_multipart())
-                except Exception as e:  # what the broker sends is recorded, even what does not decode
-                    msg = e
-                if not isinstance(msg, Heartbeat):
-                    self.received.put(msg)
-        self.sock.close(0)
-
-    def expect(self, kind: type, timeout: float = BOUND) -> Any:
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                msg = self.received.get(timeout=left)
-            except queue.Empty:
-                return None
-            if isinstance(msg, kind):
-                return msg
-        return None
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-
-
 @pytest.fixture
-def members(ctx: zmq.Context[zmq.Socket[bytes]]) -> Iterator[Callable[..., Member]]:
-    made: list[Member] = []
+def members(ctx: zmq.Context[zmq.Socket[bytes]]) -> Iterator[Callable[..., HostileMember]]:
+    made: list[HostileMember] = []
 
-    def make(endpoint: str, ready: Ready | list[bytes] | None, name: str = "") -> Member:
-        m = Member(ctx, endpoint, ready, name)
+    def make(endpoint: str, ready: Ready | list[bytes] | None, name: str = "") -> HostileMember:
+        m = HostileMember(ctx, endpoint, ready, name)
         made.append(m)
         return m
 
@@ -739,7 +679,7 @@ def _front(ctx: zmq.Context[zmq.Socket[bytes]], pool: Pool) -> Wire:
 
 @pytest.mark.parametrize("lie", ["a tool and a default of an hour", "a ceiling lower than it keeps"])
 def test_a_member_cannot_hold_a_call_past_the_brokers_deadline_whatever_it_announces(
-        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], members: Callable[..., Member], lie: str) -> None:
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], members: Callable[..., HostileMember], lie: str) -> None:
     """A member announcing an hour as its tool's timeout and its default, and no ceiling, is sent a
     call asking for two hours under the broker's 1 s ceiling (its max_timeout), and the broker answers
     the client ``timeout`` itself at 1 s plus the grace. A member announcing a 0.5 s ceiling (and
@@ -793,7 +733,7 @@ def _ready_body(**changes: Any) -> list[bytes]:
 
 
 def test_a_ready_with_an_invalid_ceiling_or_default_makes_no_member_and_a_tiny_one_cannot_stall_calls(
-        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], members: Callable[..., Member]) -> None:
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], members: Callable[..., HostileMember]) -> None:
     """``max_timeout_s`` or ``limits.timeout_s`` of nan, inf, 0, -1, over a day, a bool or a str
     make the ``ready`` a protocol error: the broker stays up, the sender is no member (its next
     heartbeat is answered "announce again"). A valid but absurd ceiling, 5e-324, joins; the broker
@@ -826,7 +766,7 @@ def test_a_ready_with_an_invalid_ceiling_or_default_makes_no_member_and_a_tiny_o
 
 
 def test_apply_notices_again_and_again_extend_a_call_once_by_the_brokers_grace_only(
-        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], members: Callable[..., Member]) -> None:
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], members: Callable[..., HostileMember]) -> None:
     """The member announces a day of apply grace and lists the call in ``applying`` in every
     heartbeat for 15 s, never answering. With --max-timeout 1 --apply-grace 2 the broker answers
     ``timeout`` at 1 s + 2 s, or 2 s after the first notice plus 2 s: well before the notices end."""
@@ -849,7 +789,7 @@ def test_apply_notices_again_and_again_extend_a_call_once_by_the_brokers_grace_o
 
 
 def test_an_apply_notice_from_another_member_does_not_extend_a_call(
-        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], members: Callable[..., Member]) -> None:
+        pool: Pool, ctx: zmq.Context[zmq.Socket[bytes]], members: Callable[..., HostileMember]) -> None:
     """Two members with a day of apply grace each; the one not running the call lists it as
     applying in every heartbeat. Ignored: the call is answered at its 1 s ceiling plus the grace."""
     pool.start_broker("--max-timeout", "1", "--apply-grace", "30")
