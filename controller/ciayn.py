@@ -440,8 +440,7 @@ class _Run(RunSkeleton):
             return None
         seen = self.seen
         assert seen is not None and self.progress is not None
-        unwritten = seen.succeeded and not [n for n in seen.task_names if n in seen.wrote and n not in seen.read]
-        target = seen.write_target() if unwritten else ""
+        target = seen.write_target() if seen.succeeded and seen.needs_writing() else ""
         return prompts.incomplete(call, missing, self.specs, target, self.progress.unexplored(self._named()))
 
     def _step_grammar(self) -> str | None:

@@ -119,6 +119,7 @@ class SeenValues:
     listed_files: list[str] = field(default_factory=list)  # entries listings returned that are not directories
     dirs: list[str] = field(default_factory=list)  # directories: the task's, and those listings returned
     wrote: list[str] = field(default_factory=list)  # paths a writing tool wrote successfully
+    sources: list[str] = field(default_factory=list)  # files read before the run wrote them (if it did)
     task_names: list[str] = field(default_factory=list)  # file names the task mentions
     task_dirs: list[str] = field(default_factory=list)  # directory names it gives in words
     sizes_of: dict[str, str] = field(default_factory=dict)  # listed path -> its size ("3 entries")
@@ -163,6 +164,8 @@ class SeenValues:
         named = [v for v in [*call.args, *call.kwargs.values()] if isinstance(v, str)] if call is not None else []
         if call is not None and isinstance(value, str) and _READER_TOOL.search(call.tool) and named:
             self.read[named[0]] = value[:MAX_READ_CHARS]
+            if named[0] not in self.wrote:  # reading back what the run wrote makes it no source
+                _add(self.sources, named[:1])
             count = len(value.splitlines())
             self.lines_of[named[0]] = f"{count} {'line' if count == 1 else 'lines'}"
         if call is not None and _WRITER_TOOL.search(call.tool) and named:
@@ -242,18 +245,21 @@ class SeenValues:
             return "no tool has run yet, so nothing of the task has been done"
         if not (self.writes and self.task_names):
             return None
-        written = [n for n in self.task_names if n in self.wrote and n not in self.read]
-        if not written:
+        if self.needs_writing():
             return f"the task asks for writing {' or '.join(self.write_targets())} and it has not been written yet"
-        unseen = [n for n in self.task_names if n not in self.read and n not in self.wrote]
+        unseen = [n for n in self.task_names if n not in self.sources and n not in self.wrote]
         if unseen:
             return f"the task names {' and '.join(unseen)}, which has not been read yet"
         return None
 
+    def needs_writing(self) -> bool:
+        """Whether a writing task that names files has written none of them that it did not read first."""
+        return not [n for n in self.task_names if n in self.wrote and n not in self.sources]
+
     def write_targets(self) -> list[str]:
-        """The files a writing task may mean: those it names that the run has not read (all it names
-        when it read them all)."""
-        unread = [n for n in self.task_names if n not in self.read]
+        """The files a writing task may mean: those it names that the run did not read before
+        writing them (all it names when it read them all first)."""
+        unread = [n for n in self.task_names if n not in self.sources]
         return unread or list(self.task_names)
 
     def write_target(self) -> str:
@@ -263,7 +269,7 @@ class SeenValues:
 
     def _may_write(self) -> bool:
         """A task naming several files writes after reading one (what it writes comes from there)."""
-        return len(self.task_names) < 2 or any(n in self.read for n in self.task_names)
+        return len(self.task_names) < 2 or any(n in self.sources for n in self.task_names)
 
     def answer_ready(self) -> bool:
         """Whether the run has seen what the task asks for (then the completion tool is offered)."""
@@ -316,7 +322,8 @@ class SeenValues:
 
     def _source_lines(self) -> list[str]:
         """The lines of the files the run read that the task names (its sources), else of any file read."""
-        sources = [text for name, text in self.read.items() if name in self.task_names] or list(self.read.values())
+        named = [text for name, text in self.read.items() if name in self.task_names and name in self.sources]
+        sources = named or list(self.read.values())
         return _unique([line.strip() for text in sources for line in text.splitlines() if line.strip()])
 
 

@@ -1002,6 +1002,12 @@ def test_seen_values_write_what_was_read_to_the_file_the_task_names_after_readin
     unread = SeenValues.from_task("Create report.txt with a one-line summary of garden.md.")
     unread.add_result(Result(id="3", ok=True, value="wrote"), Call(tool="write_file", kwargs={"path": "report.txt"}))
     assert unread.completion_missing() == "the task names garden.md, which has not been read yet"
+    # Reading back what it wrote does not make report.txt a file it summarised (held-out seed 23 of the
+    # eval: the model checked its write, and could never finish after).
+    seen.add_result(Result(id="4", ok=True, value="wrote"), Call(tool="write_file", kwargs={"path": "report.txt"}))
+    seen.add_result(Result(id="5", ok=True, value="The owl is grey."), Call(tool="read_file",
+                                                                            kwargs={"path": "report.txt"}))
+    assert seen.completion_missing() is None and seen.write_targets() == ["report.txt"]
 
 
 def test_a_directory_the_task_names_as_a_bare_word_is_the_one_counted() -> None:
