@@ -3,6 +3,7 @@ a signal, and exiting with the process that started it. Every executor here is a
 
 from __future__ import annotations
 
+import os
 import select
 import shutil
 import signal
@@ -67,21 +68,26 @@ def serve(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def read_stderr_until(proc: subprocess.Popen[str], marker: str, within: float = START_WITHIN) -> str:
-    """The executor's stderr up to and including the first line holding ``marker``."""
+    """The executor's stderr up to and including the first line holding ``marker``. Read from the raw
+    descriptor: ``select`` on a buffered text file misses lines that one read already took into its
+    buffer (two log lines arriving together left the second unseen until the bound ran out)."""
     assert proc.stderr is not None
-    seen = []
+    fd, data = proc.stderr.fileno(), b""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stderr], [], [], max(0.0, deadline - time.monotonic()))
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
         if not ready:
             break
-        line = proc.stderr.readline()
-        if not line:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
             break
-        seen.append(line)
-        if marker in line:
-            return "".join(seen)
-    raise AssertionError(f"no line with {marker!r} within {within} s; stderr so far:\n{''.join(seen)}")
+        data += chunk
+        text = data.decode(errors="replace")
+        lines = text.splitlines(keepends=True)
+        for n, line in enumerate(lines):
+            if marker in line and line.endswith("\n"):
+                return "".join(lines[: n + 1])
+    raise AssertionError(f"no line with {marker!r} within {within} s; stderr so far:\n{data.decode(errors='replace')}")
 
 
 # --------------------------------------------------------------------------------------- help
