@@ -355,7 +355,7 @@ def _serve(args: argparse.Namespace) -> int:
     if args.profile == "hardened":
         from executor.selfcheck import start_hardened
 
-        if code := start_hardened(args):  # refuses, or runs the selfcheck and makes the profile active
+        if code := start_hardened(args):  # refuses, or runs the selfcheck and builds the profile
             return code
     max_timeout = args.max_timeout or MAX_TIMEOUT_S
     limits = Limits(timeout_s=args.timeout or min(Limits().timeout_s, max_timeout), cpu_s=args.cpu_s,
@@ -375,7 +375,7 @@ def _serve(args: argparse.Namespace) -> int:
         profile=args.profile, use_cgroups=not args.no_cgroups, reuse_workers=args.reuse_workers,
         pass_env=tuple(args.pass_env or ()), connect=bool(args.connect), curve_secret=args.curve_secret,
         curve_clients=args.curve_clients, curve_server_key=args.curve_server_key, insecure=args.insecure,
-        metrics=args.metrics_port,
+        metrics=args.metrics_port, confinement=getattr(args, "confinement", None),
     )
     supervisor = Supervisor(config, early_template=template)
     try:

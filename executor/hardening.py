@@ -734,6 +734,10 @@ class Sandbox:
                 if child.stat().st_mtime < cutoff:
                     child.rmdir()
 
+    def to_wire(self) -> dict[str, Any]:
+        """This profile as plain data, for a template started afresh (``restore``)."""
+        return {"module": __name__, "state": {"config": dataclasses.asdict(self.config), "layers": list(self.names)}}
+
     def remove_groups(self) -> None:
         """At the executor's exit: remove every CPU group this executor made (they are empty by
         then) and, with ``--workspace-rw``, what a keeper killed mid-apply by the stop left in the
@@ -961,55 +965,24 @@ def _view_roots(workspace: str, hide: tuple[str, ...]) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------------
-# the profile in this executor
-
-
-_active: Sandbox | None = None
+# the profile of this executor
 
 
 def activate(config: HardenedConfig) -> Sandbox:
-    """Make the hardened profile this process's (the CLI does it before the template is forked,
-    which inherits it). Refuses, naming them, when layers are missing, unless degraded mode was
-    asked for: then the missing ones are left out and the result's ``worker.layers`` says so."""
-    global _active
+    """The hardened profile for this executor's workers (the CLI builds it before the template is
+    forked, and passes it in as the workers' ``Confinement``). Refuses, naming them, when layers
+    are missing, unless degraded mode was asked for: then the missing ones are left out and the
+    result's ``worker.layers`` says so."""
     missing = probe_all()
     if missing and not config.allow_degraded:
         raise LayerError(", ".join(missing), "; ".join(f"{k}: {v}" for k, v in missing.items()))
-    _active = Sandbox(config, tuple(layer for layer in LAYERS if layer.name not in missing))
-    return _active
-
-
-def export() -> dict[str, Any] | None:
-    """This executor's hardened profile as plain data, for a template started afresh (``restore``);
-    None under the default profile."""
-    if _active is None:
-        return None
-    return {"config": dataclasses.asdict(_active.config), "layers": list(_active.names)}
+    return Sandbox(config, tuple(layer for layer in LAYERS if layer.name not in missing))
 
 
 def restore(state: dict[str, Any]) -> Sandbox:
-    """Make the profile ``export`` described this process's, with the same layers (already probed,
-    and checked by the selfcheck, in the process that exported it)."""
-    global _active
+    """The profile ``Sandbox.to_wire`` described, with the same layers (already probed, and checked
+    by the selfcheck, in the process that described it): in a template started afresh."""
     config = dict(state["config"])
     config["hide"] = tuple(config.get("hide", ()))
     names = set(state["layers"])
-    _active = Sandbox(HardenedConfig(**config), tuple(layer for layer in LAYERS if layer.name in names))
-    return _active
-
-
-def active() -> Sandbox | None:
-    """The hardened sandbox of this executor, or None under the default profile."""
-    return _active
-
-
-def keeps_workspace() -> bool:
-    """Whether this executor's workers are keepers that apply each call's workspace writes after
-    the call (hardened ``--workspace-rw``): only they may send ``Applying``."""
-    return _active is not None and _active.keeper
-
-
-def applied() -> list[str]:
-    """The layers every worker of this executor runs under (a worker that cannot apply one of them
-    dies before its call): what a result's ``worker.layers`` says."""
-    return list(_active.names) if _active is not None else []
+    return Sandbox(HardenedConfig(**config), tuple(layer for layer in LAYERS if layer.name in names))

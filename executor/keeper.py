@@ -35,7 +35,6 @@ from collections.abc import Callable
 
 import zmq
 
-from executor import hardening
 from executor.workers import framing, pidns, procfs, spawn
 from executor.workers.channel import (
     ChannelError,
@@ -193,7 +192,7 @@ class TemplateKeeper:
         the fork fails."""
         if self.phase is not Phase.HELD or self.channel is None:
             try:
-                self.pid, self.channel = spawn.fork_template(fresh=True)
+                self.pid, self.channel = spawn.fork_template(fresh=True, confined=self.config.confinement is not None)
             except OSError as e:  # fork(): out of processes or memory
                 raise StartupError(f"cannot fork the tool template: {e}") from None
         self.fd = self.channel.fileno()
@@ -239,7 +238,8 @@ class TemplateKeeper:
             self._end_start()
             raise StartupError(f"the tool template could not start: {_said(msg)}")
         self.pid_ns = msg.pid_ns
-        configure = Configure(worker=self.config.to_wire(), hardened=hardening.export(),
+        confined = self.config.confinement
+        configure = Configure(worker=self.config.to_wire(), confinement=confined.to_wire() if confined else None,
                               log_level=logging.getLevelName(logging.getLogger().getEffectiveLevel()),
                               sys_path=list(sys.path))
         with contextlib.suppress(OSError):  # it died at once: its EOF comes next

@@ -29,7 +29,6 @@ from typing import Any
 
 import zmq
 
-from executor import hardening
 from executor.calls import Job
 from executor.keeper import KILL_GRACE, REPLACE_WAIT, TemplateKeeper
 from executor.workers import framing, pidns
@@ -110,6 +109,9 @@ class WorkerPool:
     ) -> None:
         self.config = config
         self.limits = config.limits
+        # --profile hardened: the layers every result names, and whether workers say ``Applying``
+        self.layers = list(config.confinement.names) if config.confinement is not None else []
+        self.keeps_workspace = config.confinement is not None and config.confinement.keeper
         self.executor_id = config.name
         self.size = max(1, size)
         self.on_done = on_done
@@ -541,7 +543,7 @@ class WorkerPool:
                         raise ChannelError("a start that does not match the request in flight")
                     slot.started = True
                     continue
-                applying = Applying.from_wire(raw) if hardening.keeps_workspace() else None
+                applying = Applying.from_wire(raw) if self.keeps_workspace else None
                 if applying is not None:
                     if job is None or applying.seq != slot.seq or not slot.started or slot.applying:
                         raise ChannelError("an apply notice that does not match the request in flight")
@@ -619,7 +621,7 @@ class WorkerPool:
     def _answer(self, job: Job, result: Result, slot: Slot, *, restarted: bool) -> None:
         """Complete a result with what the pool knows (worker, output, limits) and hand it on."""
         result.worker = WorkerInfo.model_construct(id=slot.id, pid=slot.pid, incarnation=slot.id,
-                                                   restarted=restarted, layers=hardening.applied())
+                                                   restarted=restarted, layers=self.layers)
         result.stdout = job.stdout.decode(errors="replace") if job.stdout else ""
         result.stderr = job.stderr.decode(errors="replace") if job.stderr else ""
         result.limits = job.limits

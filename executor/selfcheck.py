@@ -1065,8 +1065,9 @@ def main(as_json: bool = False, quiet: bool = True, workspace_rw: bool = False) 
 
 def start_hardened(args: Any) -> int:
     """``serve --profile hardened``, before the supervisor starts: check the options, refuse when
-    the machine lacks a layer (naming it), run the selfcheck, and make the profile active for the
-    template this process will fork. Returns 0 to go on, else the exit code."""
+    the machine lacks a layer (naming it), run the selfcheck, and build the profile, which the
+    caller passes in as the workers' ``Confinement``. Returns 0 to go on, the profile then in
+    ``args.confinement``; else the exit code."""
     import atexit
 
     from executor import hardening, overlay
@@ -1123,6 +1124,7 @@ def start_hardened(args: Any) -> int:
             _loud(f"DEGRADED: the selfcheck got through {len(failed)} attempt(s):\n{text}")
     sandbox = hardening.activate(config)
     atexit.register(sandbox.remove_groups)
+    args.confinement = sandbox
     return 0
 
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import zmq
 
-from executor import hardening
 from executor.calls import MAX_QUEUE_BYTES, MAX_QUEUE_WAIT, CallTable, Job, fingerprint
 from executor.clientside.base import ClientSide, EndpointError
 from executor.clientside.brokerlink import BrokerLink
@@ -29,6 +28,7 @@ from executor.clientside.router import RouterEndpoint
 from executor.keeper import StartStopped, StartupError
 from executor.metrics import CallStats, MetricsServer
 from executor.pool import WorkerPool
+from executor.workers.confinement import Confinement
 from executor.workers.limits import effective_limits, requested_timeout
 from executor.workers.privacy import not_dumpable, scrub_initial_environment
 from executor.workers.spawn import enter_workspace, fork_template
@@ -85,6 +85,7 @@ class ServeConfig:
     curve_server_key: str | None = None
     insecure: bool = False
     metrics: str | None = None  # [HOST:]PORT of the Prometheus endpoint
+    confinement: Confinement | None = None  # --profile hardened: its sandbox (``executor.hardening.Sandbox``)
 
 
 class Supervisor:
@@ -103,7 +104,7 @@ class Supervisor:
                                max_wait=config.max_queue_wait)
         workers = WorkerConfig(targets=config.tools, limits=config.limits, name=self.executor_id,
                                use_cgroups=config.use_cgroups, reuse=config.reuse_workers,
-                               pass_env=list(config.pass_env))
+                               pass_env=list(config.pass_env), confinement=config.confinement)
         self.pool = WorkerPool(workers, size=config.workers, on_done=self._finish, next_job=self.calls.next_queued,
                                requeue=self.calls.requeue, queued=lambda: len(self.calls.queue))
         self.clients: ClientSide | None = None
@@ -208,10 +209,9 @@ class Supervisor:
                      limits=self.config.limits, capacity=self.pool.size, profile=self.config.profile, held=held,
                      apply_grace_s=self._apply_grace(), max_timeout_s=self.config.max_timeout)
 
-    @staticmethod
-    def _apply_grace() -> float:
+    def _apply_grace(self) -> float:
         """What a call's answer may take past its timeout: its workspace writes being applied."""
-        return APPLY_GRACE if hardening.keeps_workspace() else 0.0
+        return APPLY_GRACE if self.pool.keeps_workspace else 0.0
 
     def report(self, now: float) -> Report:
         """The answer to ``status`` (and what ``--metrics-port`` exports)."""

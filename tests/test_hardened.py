@@ -231,20 +231,20 @@ def _serve_args(**overrides: Any) -> argparse.Namespace:
 def test_hardened_refuses_naming_a_layer_the_machine_lacks(monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(hardening, "probe_all", lambda: {"landlock": "the kernel has no Landlock"})
-    monkeypatch.setattr(hardening, "_active", None)
-    assert selfcheck.start_hardened(_serve_args()) == 1
+    args = _serve_args()
+    assert selfcheck.start_hardened(args) == 1
     assert "landlock (the kernel has no Landlock)" in capsys.readouterr().err
-    assert hardening.active() is None
+    assert getattr(args, "confinement", None) is None
 
 
 def test_allow_degraded_serves_without_the_missing_layer_loudly(monkeypatch: pytest.MonkeyPatch,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(hardening, "probe_all", lambda: {"landlock": "the kernel has no Landlock"})
-    monkeypatch.setattr(hardening, "_active", None)
     monkeypatch.setattr("atexit.register", lambda fn: fn)
-    assert selfcheck.start_hardened(_serve_args(allow_degraded=True)) == 0
+    args = _serve_args(allow_degraded=True)
+    assert selfcheck.start_hardened(args) == 0
     assert "DEGRADED" in capsys.readouterr().err
-    sandbox = hardening.active()
+    sandbox = args.confinement
     assert sandbox is not None and "landlock" not in sandbox.names and "seccomp" in sandbox.names
 
 

@@ -406,13 +406,12 @@ def test_a_workspace_whose_path_an_overlay_cannot_take_is_refused_before_serving
 
 def test_the_quota_reaches_the_hardened_profile(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     require_layer(not MISSING, f"this machine lacks hardened layers: {MISSING}")
-    monkeypatch.setattr(hardening, "_active", None)
     monkeypatch.setattr("atexit.register", lambda fn: fn)
     args = argparse.Namespace(reuse_workers=False, no_cgroups=False, bind="ipc:///tmp/x/executor.sock", connect=None,
                               curve_secret=None, workspace=str(tmp_path), workspace_rw=True, allow_degraded=False,
                               skip_selfcheck=True, pass_env=[], workspace_quota=3, max_result_kb=64)
     assert selfcheck.start_hardened(args) == 0
-    sandbox = hardening.active()
+    sandbox = args.confinement
     assert sandbox is not None and sandbox.keeper
     assert (sandbox.config.workspace_quota_mb, sandbox.config.max_result_kb) == (3, 64)
 

@@ -158,9 +158,12 @@ def test_the_static_check_finds_every_import_form(tmp_path: Path) -> None:
 
 # The far side of the fork (executor/workers/): the template and the workers it forks never hold a ZeroMQ
 # context, an event loop, threads or logging handlers (they would carry them, and their locks, into every
-# worker), never validate with pydantic themselves, and never import the supervisor's side.
+# worker), never validate with pydantic themselves, and never import the supervisor's side. Nor the hardened
+# profile: it is passed in as a ``Confinement`` (executor/workers/confinement.py), so a default template
+# carries none of its code.
 WORKER_SIDE_FORBIDDEN = (
-    "zmq", "asyncio", "threading", "logging.handlers", "pydantic", "concurrent",
+    "zmq", "asyncio", "threading", "logging.handlers", "pydantic", "concurrent", "executor.hardening",
+    "executor.overlay",
     "executor.supervisor", "executor.pool", "executor.clientside", "executor.broker",
     "executor.calls", "executor.cli", "executor.status", "executor.metrics", "executor.fairqueue",
     "executor.journal", "executor.selfcheck", "controller", *MODEL_STACK,
@@ -182,6 +185,7 @@ def test_importing_every_workers_module_starts_no_zeromq_or_event_loop() -> None
         "    importlib.import_module(m.name)")
     assert "executor.workers.worker" in modules
     assert [m for m in modules if m.split(".")[0] in ("zmq", "asyncio") or m.startswith("executor.supervisor")] == []
+    assert [m for m in modules if m in ("executor.hardening", "executor.overlay", "executor.selfcheck")] == []
 
 
 def _executor_graph() -> dict[str, set[str]]:

@@ -81,13 +81,13 @@ class Spawn(_Message):
 @dataclass(frozen=True)
 class Configure(_Message):
     """Supervisor -> a template started afresh (``executor.workers.template``), first and once: what it needs
-    to make workers (``WorkerConfig.to_wire``), the hardened profile (``hardening.export``, or None),
+    to make workers (``WorkerConfig.to_wire``), the workers' confinement (``Confinement.to_wire``, or None),
     the log level, and the supervisor's ``sys.path``, which the first template inherited (the new one
     starts with ``-P``: never with its working directory, the workspace, on its path)."""
 
     OP: ClassVar[str] = "configure"
     worker: dict[str, Any]
-    hardened: dict[str, Any] | None = None
+    confinement: dict[str, Any] | None = None
     log_level: str = "INFO"
     sys_path: list[str] = field(default_factory=list)
 
@@ -95,7 +95,7 @@ class Configure(_Message):
     def from_wire(cls, obj: Any) -> Configure:
         if not isinstance(obj, dict) or obj.get("op") != cls.OP:
             raise ChannelError("not a configure message")
-        return cls(worker=_field(obj, "worker", dict), hardened=_field(obj, "hardened", (dict, type(None)), None),
+        return cls(worker=_field(obj, "worker", dict), confinement=_field(obj, "confinement", (dict, type(None)), None),
                    log_level=_field(obj, "log_level", str, "INFO"),
                    sys_path=[str(p) for p in _field(obj, "sys_path", list, [])])
 

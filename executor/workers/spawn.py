@@ -23,8 +23,7 @@ import socket
 import sys
 from typing import NoReturn
 
-from executor import hardening
-from executor.workers import framing, pidns, procfs
+from executor.workers import confinement, framing, pidns, procfs
 from executor.workers.channel import ChannelError, Configure, Isolated, LoadFailed
 from executor.workers.privacy import (
     CAP_SYS_PTRACE,
@@ -65,14 +64,15 @@ def early_template(workspace: str | None) -> tuple[int, socket.socket]:
     return fork_template()
 
 
-def fork_template(fresh: bool = False) -> tuple[int, socket.socket]:
+def fork_template(fresh: bool = False, confined: bool = False) -> tuple[int, socket.socket]:
     """Fork the template: PID 1 of a namespace of its own where the machine allows it
     (``executor.workers.pidns``). ``fresh``: it becomes a new interpreter (``executor.workers.template``); else it
     goes on in this process's memory (which must have no ZeroMQ context). It first reports its
     namespace (``Isolated``, or ``LoadFailed`` with ``pidns.FAILED``), then waits for its
     ``Configure``, imports the tools and reports ``ToolsLoaded`` (or ``LoadFailed``). This process
     becomes a subreaper, so whatever a dead template leaves comes back to us to be killed, never to
-    init."""
+    init. ``confined``: its workers will be under a ``Confinement``, which needs the template's rights
+    to build their sandbox (and drops them in each worker)."""
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     supervisor = os.getpid()
@@ -86,7 +86,7 @@ def fork_template(fresh: bool = False) -> tuple[int, socket.socket]:
         ours.close()
         _template_namespace(isolated, theirs, supervisor)
         if fresh:
-            _exec_template(theirs, supervisor)
+            _exec_template(theirs, supervisor, confined)
         template_main(theirs, _configured(theirs))
     theirs.close()
     return pid, ours
@@ -106,7 +106,8 @@ def _configured(chan: socket.socket) -> WorkerConfig:
     chan.settimeout(None)
     if config.sys_path:
         sys.path[:] = config.sys_path
-    return WorkerConfig.from_wire(config.worker)
+    confined = confinement.from_wire(config.confinement) if config.confinement is not None else None
+    return WorkerConfig.from_wire(config.worker, confined)
 
 
 def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) -> None:
@@ -146,7 +147,7 @@ def _say_isolated(chan: socket.socket, why_not: str) -> None:
         os._exit(1)  # the supervisor is gone
 
 
-def _exec_template(chan: socket.socket, supervisor: int) -> NoReturn:
+def _exec_template(chan: socket.socket, supervisor: int, confined: bool) -> NoReturn:
     """In the child forked to be a fresh template: become ``python -P -m executor.workers.template``, keeping
     only the standard descriptors and ``chan``. ``-P``: our working directory is the workspace, which
     tools may write; on the new interpreter's path, a file there named like a module it imports would
@@ -154,7 +155,7 @@ def _exec_template(chan: socket.socket, supervisor: int) -> NoReturn:
     our ``sys.path`` from ``Configure``."""
     try:
         close_fds_except(0, 1, 2, chan.fileno())
-        if hardening.active() is None:
+        if not confined:
             # Before the new interpreter reads a line of our code: a root tool can write that code,
             # and what it plants must not run with the rights no worker holds.
             drop_capabilities(CAP_SYS_PTRACE, CAP_SYS_RESOURCE, *HOST_ADMIN_CAPS.values())

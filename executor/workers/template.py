@@ -16,8 +16,7 @@ import signal
 import socket
 import sys
 
-from executor import hardening
-from executor.workers import framing
+from executor.workers import confinement, framing
 from executor.workers.channel import ChannelError, Configure
 from executor.workers.privacy import not_dumpable, scrub_initial_environment
 from executor.workers.processes import PR_SET_PDEATHSIG, prctl
@@ -45,9 +44,8 @@ def main(argv: list[str]) -> None:
         sys.path[:] = config.sys_path  # the first template's, for the tools it imports
     logging.basicConfig(stream=sys.stderr, level=config.log_level,
                         format=f"%(asctime)s ciayn-executor[{supervisor}] template %(levelname)s %(message)s")
-    if config.hardened is not None:
-        hardening.restore(config.hardened)
-    template_main(chan, WorkerConfig.from_wire(config.worker))
+    confined = confinement.from_wire(config.confinement) if config.confinement is not None else None
+    template_main(chan, WorkerConfig.from_wire(config.worker, confined))
 
 
 if __name__ == "__main__":

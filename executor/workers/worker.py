@@ -41,7 +41,7 @@ from typing import Any
 
 import msgpack
 
-from executor import hardening, signals
+from executor import signals
 from executor.registry import RegistryError, Tool, load_tools
 from executor.workers import framing, procfs, quickfork
 from executor.workers.cgroups import CgroupSupport, Group
@@ -60,6 +60,7 @@ from executor.workers.channel import (
     reply_cap,
     template_message,
 )
+from executor.workers.confinement import Confinement
 from executor.workers.limits import apply_call_limits, apply_process_limits
 from executor.workers.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, HOST_ADMIN_CAPS, drop_capabilities
 from executor.workers.processes import (
@@ -94,16 +95,17 @@ class WorkerConfig:
     use_cgroups: bool = True
     reuse: bool = False  # --reuse-workers: a worker runs many calls (trusted tools only)
     pass_env: list[str] = field(default_factory=list)
+    confinement: Confinement | None = None  # --profile hardened (travels in ``Configure``, not ``to_wire``)
 
     def to_wire(self) -> dict[str, Any]:
         return {"targets": list(self.targets), "limits": self.limits.model_dump(), "name": self.name,
                 "use_cgroups": self.use_cgroups, "reuse": self.reuse, "pass_env": list(self.pass_env)}
 
     @classmethod
-    def from_wire(cls, obj: dict[str, Any]) -> WorkerConfig:
+    def from_wire(cls, obj: dict[str, Any], confinement: Confinement | None = None) -> WorkerConfig:
         return cls(targets=[str(t) for t in obj["targets"]], limits=Limits.model_validate(obj["limits"]),
                    name=str(obj["name"]), use_cgroups=bool(obj["use_cgroups"]), reuse=bool(obj["reuse"]),
-                   pass_env=[str(n) for n in obj["pass_env"]])
+                   pass_env=[str(n) for n in obj["pass_env"]], confinement=confinement)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -124,7 +126,7 @@ def template_main(chan: socket.socket, config: WorkerConfig) -> None:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         prctl(PR_SET_CHILD_SUBREAPER, 1)
         os.setsid()
-        if hardening.active() is None:
+        if config.confinement is None:
             # As root, what no worker of the default profile may hold goes here, once, before any
             # tool module is imported (its import-time code runs in this process): no tracing the
             # executor's processes, no lifting hard limits, no host administration. A hardened
@@ -269,7 +271,7 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    sandbox = hardening.active()  # --profile hardened: the worker is PID 1 of a namespace of its own
+    sandbox = config.confinement  # --profile hardened: the worker is PID 1 of a namespace of its own
     if sandbox is not None:
         sandbox.before_fork()
     template = os.getpid() if sandbox is None else 0  # a hardened worker cannot see (nor signal) us
