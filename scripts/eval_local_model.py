@@ -55,7 +55,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from controller.models import OFFLINE_ENV  # noqa: E402
 
