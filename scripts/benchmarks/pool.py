@@ -26,11 +26,14 @@ import time
 from typing import Any
 
 import psutil
-from bench_contestants import read_line, start_peer, stop_peer
-from bench_executors import Running, brokered, direct
-from bench_features import Features
-from bench_record import log, measured
-from bench_sizes import Sizes
+
+from . import report
+from .contestants import read_line, start_peer, stop_peer
+from .executors import Running, brokered, direct
+from .features import Features
+from .record import log, measured
+from .registry import Context, figure
+from .sizes import Sizes
 
 TOOLS: dict[str, dict[str, Any]] = {"noop": {}, "nap": {"ms": 10.0}}
 SLEEP_S = 0.010
@@ -175,3 +178,12 @@ def run(features: Features, sizes: Sizes) -> dict[str, Any]:
         sleep_10ms_ideal_calls_per_s=[round(w / SLEEP_S, 1) for w in sizes.pool_workers],
         targets=targets,
     )
+
+
+@figure(
+    "pool_scaling",
+    "calls/s against total workers for a no-op and a 10 ms tool, with 1 to 8 controllers",
+    order=70, chart=report.chart_pool, table=report.table_pool,
+)
+def pool_scaling(context: Context) -> dict[str, Any]:
+    return run(context.features, context.sizes)

@@ -3,7 +3,7 @@
 arrays, many small containers, short strings, repeated keys, deep nesting, a 64 MiB string, and a
 typical call for scale. Each case runs in a fresh process so its peak memory can be measured.
 
-Usage: .venv/bin/python scripts/bench_decode.py [--out FILE] [--repeat N]
+Usage: .venv/bin/python -m scripts.benchmarks.decode [--out FILE] [--repeat N]
 
 Writes JSON (default ``bench-results/decode.json``) and prints a markdown table: per case the body
 size, the outcome, the slowest and median of N decodes, and the peak of what one decode allocates
@@ -22,8 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from .paths import RESULTS, ROOT
 
 TARGET_MS = 100.0
 TARGET_MB = 64.0
@@ -59,10 +58,9 @@ def bodies() -> dict[str, Callable[[], bytes]]:
 
 CHILD = r"""
 import json, sys, time, tracemalloc
-sys.path.insert(0, sys.argv[1])
-from scripts.bench_decode import bodies
+from scripts.benchmarks.decode import bodies
 from protocol import VERSION, ProtocolError, decode
-name, repeat = sys.argv[2], int(sys.argv[3])
+name, repeat = sys.argv[1], int(sys.argv[2])
 body = bodies()[name]()
 
 def once():
@@ -87,12 +85,12 @@ print(json.dumps({"bytes": len(body), "outcome": outcome, "max_ms": max(times) *
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(ROOT / "bench-results" / "decode.json"))
+    parser.add_argument("--out", default=str(RESULTS / "decode.json"))
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     results: dict[str, Any] = {}
     for name in bodies():
-        out = subprocess.run([sys.executable, "-c", CHILD, str(ROOT), name, str(args.repeat)], capture_output=True,
+        out = subprocess.run([sys.executable, "-c", CHILD, name, str(args.repeat)], cwd=ROOT, capture_output=True,
                              text=True, check=True, timeout=600)
         results[name] = json.loads(out.stdout)
     report = {"machine": platform.platform(), "python": platform.python_version(), "repeat": args.repeat,

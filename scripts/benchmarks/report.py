@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import re
 import textwrap
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bench_record import MEASURED
+from .record import MEASURED
+
+if TYPE_CHECKING:
+    from .registry import Figure
 
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
@@ -42,41 +45,29 @@ def _fmt_ratio(ratio: float) -> str:
 # ------------------------------------------------------------------------------------------- charts
 
 
-def charts(results: dict[str, Any], out: Path) -> list[str]:
-    """Draw every chart whose figure was measured; return the file names written."""
+def charts(results: dict[str, Any], out: Path, figures: Sequence[Figure]) -> list[str]:
+    """Draw the chart of every figure that has one and was measured; return the file names written."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    drawers: dict[str, Callable[[Any, dict[str, Any]], None]] = {
-        "round_trip": _chart_round_trip,
-        "fresh_workers": _chart_fresh,
-        "call_path": _chart_call_path,
-        "call_path_cuts": _chart_cuts,
-        "recovery": _chart_recovery,
-        "timeout_precision": _chart_timeouts,
-        "pool_scaling": _chart_pool,
-        "ciayn_overhead": _chart_ciayn,
-        "memory": _chart_memory,
-        "weight": _chart_weight,
-    }
     written = []
-    for key, draw in drawers.items():
-        fig_data = results["figures"].get(key, {})
-        if fig_data.get("status") != MEASURED:
+    for figure in figures:
+        fig_data = results["figures"].get(figure.name, {})
+        if figure.chart is None or fig_data.get("status") != MEASURED:
             continue
         fig = plt.figure(figsize=(10, 5.6))
-        draw(fig, fig_data)
+        figure.chart(fig, fig_data)
         fig.text(0.01, 0.005, _machine_caption(fig_data), fontsize=7, color="0.4")
         fig.tight_layout(rect=(0, 0.03, 1, 1))
-        fig.savefig(out / f"{key}.png", dpi=90, bbox_inches="tight")
+        fig.savefig(out / f"{figure.name}.png", dpi=90, bbox_inches="tight")
         plt.close(fig)
-        written.append(f"{key}.png")
+        written.append(f"{figure.name}.png")
     return written
 
 
-def _chart_round_trip(fig: Any, data: dict[str, Any]) -> None:
+def chart_round_trip(fig: Any, data: dict[str, Any]) -> None:
     ax = fig.add_subplot(1, 1, 1)
     rows = [(e["name"], e) for e in data["entries"].values()]
     rows.sort(key=lambda r: r[1]["latency"]["p50"] if r[1].get("status") == MEASURED else float("inf"))
@@ -98,7 +89,7 @@ def _chart_round_trip(fig: Any, data: dict[str, Any]) -> None:
     ax.set_title("No-op tool call round trip, interleaved in one run (orange: ours)")
 
 
-def _chart_call_path(fig: Any, data: dict[str, Any]) -> None:
+def chart_call_path(fig: Any, data: dict[str, Any]) -> None:
     ax = fig.add_subplot(1, 1, 1)
     hops = list(data["hops_us"].items())
     names = [textwrap.fill(k, 40) for k, _ in hops][::-1]
@@ -116,7 +107,7 @@ def _chart_call_path(fig: Any, data: dict[str, Any]) -> None:
                  f"{total / floor:.1f}x the {floor:.0f} us bare ZeroMQ echo of the same rounds", fontsize=10)
 
 
-def _chart_cuts(fig: Any, data: dict[str, Any]) -> None:
+def chart_cuts(fig: Any, data: dict[str, Any]) -> None:
     rows = [(k, e) for k, e in data["entries"].items() if e.get("status") == MEASURED]
     ax = fig.add_subplot(1, 1, 1)
     y = range(len(rows))
@@ -133,7 +124,7 @@ def _chart_cuts(fig: Any, data: dict[str, Any]) -> None:
     ax.set_title(f"What candidate cuts would buy ({data['path_flags']}; what-if runs, executor/ unchanged)")
 
 
-def _chart_fresh(fig: Any, data: dict[str, Any]) -> None:
+def chart_fresh(fig: Any, data: dict[str, Any]) -> None:
     modes = (("fresh", "fresh workers (default)", "tab:orange"), ("reuse_workers", "--reuse-workers", "tab:blue"))
     ax = fig.add_subplot(1, 2, 1)
     groups = (("low_load_p50_us", f"calls {data['pause_between_calls_s'] * 1000:.0f} ms apart"),
@@ -157,7 +148,7 @@ def _chart_fresh(fig: Any, data: dict[str, Any]) -> None:
     ax.legend(fontsize=8)
 
 
-def _chart_weight(fig: Any, data: dict[str, Any]) -> None:
+def chart_weight(fig: Any, data: dict[str, Any]) -> None:
     p50, cpu, floor = data["p50_us"], data["cpu_per_call_us"], data["fork_floor"]
     ax = fig.add_subplot(1, 2, 1)
     names = [k for k in ("zmq_echo", "fork_floor", "reuse_back_to_back", "reuse_paced", "fresh_paced",
@@ -179,7 +170,7 @@ def _chart_weight(fig: Any, data: dict[str, Any]) -> None:
     ax.legend(fontsize=8)
 
 
-def _chart_recovery(fig: Any, data: dict[str, Any]) -> None:
+def chart_recovery(fig: Any, data: dict[str, Any]) -> None:
     ax = fig.add_subplot(1, 1, 1)
     entries = list(data["entries"].values())
     for i, e in enumerate(entries):
@@ -197,7 +188,7 @@ def _chart_recovery(fig: Any, data: dict[str, Any]) -> None:
     ax.set_title("Recovery: from a crash to the next successful call")
 
 
-def _chart_timeouts(fig: Any, data: dict[str, Any]) -> None:
+def chart_timeouts(fig: Any, data: dict[str, Any]) -> None:
     ax = fig.add_subplot(1, 1, 1)
     ax.hist(data["overshoot_ms"], bins=30, color="tab:orange")
     ax.axvline(data["overshoot"]["p99"], color="black", linestyle="--", label=f"p99 {data['overshoot']['p99']:.1f} ms")
@@ -207,7 +198,7 @@ def _chart_timeouts(fig: Any, data: dict[str, Any]) -> None:
     ax.set_title("Timeout precision: how late a hung call's `timeout` answer arrives")
 
 
-def _chart_pool(fig: Any, data: dict[str, Any]) -> None:
+def chart_pool(fig: Any, data: dict[str, Any]) -> None:
     workers = data["workers"]
     modes = list(data["modes"].items())
     fig.set_size_inches(11, 4.2 * len(modes))
@@ -229,7 +220,7 @@ def _chart_pool(fig: Any, data: dict[str, Any]) -> None:
     fig.suptitle(f"Pool scaling: calls/s against total workers ({data['via']})", fontsize=11)
 
 
-def _chart_ciayn(fig: Any, data: dict[str, Any]) -> None:
+def chart_ciayn(fig: Any, data: dict[str, Any]) -> None:
     ax = fig.add_subplot(1, 1, 1)
     stages = list(data["stages_us"].items())
     ax.barh(range(len(stages)), [v["p50"] for _, v in stages], color="tab:purple")
@@ -240,7 +231,7 @@ def _chart_ciayn(fig: Any, data: dict[str, Any]) -> None:
     ax.set_title(f"CIAYN overhead per step: {data['text']}")
 
 
-def _chart_memory(fig: Any, data: dict[str, Any]) -> None:
+def chart_memory(fig: Any, data: dict[str, Any]) -> None:
     ax = fig.add_subplot(1, 1, 1)
     bars = [("supervisor RSS", data["supervisor_rss_mb"]), ("supervisor USS", data["supervisor_uss_mb"]),
             ("template USS", data["template_uss_mb"] or 0)]
@@ -257,7 +248,7 @@ def _chart_memory(fig: Any, data: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------------------- markdown
 
 
-def markdown(results: dict[str, Any], images: str = "") -> str:
+def markdown(results: dict[str, Any], figures: Sequence[Figure], images: str = "") -> str:
     """The tables and sentences; ``images`` is the path prefix of the PNGs as seen from the file."""
     figs = results["figures"]
     m = results["machine"]
@@ -277,22 +268,18 @@ def markdown(results: dict[str, Any], images: str = "") -> str:
             met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
             lines.append(f"| {name} | {value} | {wanted} | {met} |")
         lines.append("")
-    for key, render in (("round_trip", _md_round_trip), ("fresh_workers", _md_fresh), ("call_path", _md_call_path),
-                        ("recovery", _md_recovery),
-                        ("call_path_cuts", _md_cuts), ("timeout_precision", _md_timeouts), ("pool_scaling", _md_pool),
-                        ("ciayn_overhead", _md_ciayn), ("memory", _md_memory), ("hardened_layers", _md_layers),
-                        ("broker_pool", _md_broker), ("weight", _md_weight)):
-        fig = figs.get(key, {})
-        if fig.get("status") != MEASURED:
+    for figure in figures:
+        key, fig = figure.name, figs.get(figure.name, {})
+        if fig.get("status") != MEASURED or figure.table is None:
             lines += [f"**{fig.get('title', key)}**: {fig.get('status', 'missing')}: {fig.get('reason', '')}", ""]
             continue
-        lines += render(fig)
+        lines += figure.table(fig)
         if Path(results["out"], f"{key}.png").exists():
             lines += [f"![{fig['title']}]({images}{key}.png)", ""]
     return "\n".join(lines)
 
 
-def _md_round_trip(f: dict[str, Any]) -> list[str]:
+def table_round_trip(f: dict[str, Any]) -> list[str]:
     rows = ["| no-op call round trip | p50 | p99 | x floor (same rounds) |", "|---|---|---|---|"]
     entries = f["entries"]
     measured_entries = sorted((e for e in entries.values() if e.get("status") == MEASURED),
@@ -320,7 +307,7 @@ def _md_round_trip(f: dict[str, Any]) -> list[str]:
     return [f"**{f['title']}** ({f['method']})", "", *rows, "", sentence, ""]
 
 
-def _md_fresh(f: dict[str, Any]) -> list[str]:
+def table_fresh(f: dict[str, Any]) -> list[str]:
     rows = ["| no-op calls, --workers 2 | fresh workers (default) | --reuse-workers |", "|---|---|---|"]
     for key, label in (("low_load_p50_us", f"p50, calls {f['pause_between_calls_s'] * 1000:.0f} ms apart"),
                        ("back_to_back_p50_us", "p50, back to back")):
@@ -337,7 +324,7 @@ def _md_fresh(f: dict[str, Any]) -> list[str]:
             f"{f['machine']['load_avg_1m']})", "", *rows, "", sentence, ""]
 
 
-def _md_weight(f: dict[str, Any]) -> list[str]:
+def table_weight(f: dict[str, Any]) -> list[str]:
     p50, cpu, floor = f["p50_us"], f["cpu_per_call_us"], f["fork_floor"]
     rows = ["| no-op call, --workers 2 | p50 | CPU per call, all processes |", "|---|---|---|",
             f"| template fork+exit+wait (floor) | {_fmt_us(p50['fork_floor'])} | {_fmt_us(floor['cpu_us'])} |",
@@ -358,7 +345,7 @@ def _md_weight(f: dict[str, Any]) -> list[str]:
             "per mode)", "", *rows, "", sentence, ""]
 
 
-def _md_call_path(f: dict[str, Any]) -> list[str]:
+def table_call_path(f: dict[str, Any]) -> list[str]:
     rows = [f"| hop ({f['path_flags']}, plain DEALER, no-op call, p50) | us |", "|---|---|"]
     rows += [f"| {k} | {v:.1f} |" for k, v in f["hops_us"].items()]
     rt = f["round_trip_us"]
@@ -393,7 +380,7 @@ def _md_call_path(f: dict[str, Any]) -> list[str]:
     return [f"**{f['title']}** ({f['method']})", "", *rows, "", sentence, ""]
 
 
-def _md_cuts(f: dict[str, Any]) -> list[str]:
+def table_cuts(f: dict[str, Any]) -> list[str]:
     rows = ["| variant | p50 | p99 | x floor | CPU per call (all) | supervisor CPU | worker CPU |",
             "|---|---|---|---|---|---|---|"]
     for name, e in f["entries"].items():
@@ -412,7 +399,7 @@ def _md_cuts(f: dict[str, Any]) -> list[str]:
             "spends waiting for its replacement worker. Which cuts to make is a decision for the code's owners.", ""]
 
 
-def _md_recovery(f: dict[str, Any]) -> list[str]:
+def table_recovery(f: dict[str, Any]) -> list[str]:
     rows = ["| recovery | p50 | p90 | n |", "|---|---|---|---|"]
     for e in f["entries"].values():
         if e.get("status") != MEASURED:
@@ -429,7 +416,7 @@ def _md_recovery(f: dict[str, Any]) -> list[str]:
     return [f"**{f['title']}**", "", *rows, "", sentence, ""]
 
 
-def _md_timeouts(f: dict[str, Any]) -> list[str]:
+def table_timeouts(f: dict[str, Any]) -> list[str]:
     o = f["overshoot"]
     return [f"**{f['title']}**", "",
             "| answer time - timeout | p50 | p90 | p99 | max | n |", "|---|---|---|---|---|---|",
@@ -439,7 +426,7 @@ def _md_timeouts(f: dict[str, Any]) -> list[str]:
             f"99 of 100 calls (target 100 ms): the supervisor kills the worker at the deadline itself.", ""]
 
 
-def _md_pool(f: dict[str, Any]) -> list[str]:
+def table_pool(f: dict[str, Any]) -> list[str]:
     workers = f["workers"]
     head = "| executors | tool | controllers | " + " | ".join(f"{w} workers" for w in workers) + " |"
     rows = [head, "|---|---|---|" + "---|" * len(workers)]
@@ -455,10 +442,10 @@ def _md_pool(f: dict[str, Any]) -> list[str]:
     return [f"**{f['title']}**", "", *rows, "", sentence, ""]
 
 
-def _md_ciayn(f: dict[str, Any]) -> list[str]:
+def table_ciayn(f: dict[str, Any]) -> list[str]:
     rows = ["| CIAYN step stage | p50 | p90 |", "|---|---|---|"]
     rows += [f"| {k} | {v['p50']:.1f} us | {v['p90']:.1f} us |" for k, v in f["stages_us"].items()]
-    rows += ["", "| `parse_call` on typical model replies (scripts/bench_parse.py) | chars | p50 | p90 |",
+    rows += ["", "| `parse_call` on typical model replies (scripts/benchmarks/parse.py) | chars | p50 | p90 |",
              "|---|---|---|---|"]
     rows += [f"| {k} | {v['chars']} | {v['median_us']:.1f} us | {v['p90_us']:.1f} us |"
              for k, v in f["grammar_cases"].items()]
@@ -468,7 +455,7 @@ def _md_ciayn(f: dict[str, Any]) -> list[str]:
             "50 us for a typical one-line call.", ""]
 
 
-def _md_memory(f: dict[str, Any]) -> list[str]:
+def table_memory(f: dict[str, Any]) -> list[str]:
     uss = f["worker_uss_mb"]
     return [f"**{f['title']}**", "",
             "| process | MB |", "|---|---|",
@@ -480,7 +467,7 @@ def _md_memory(f: dict[str, Any]) -> list[str]:
             f"own, since workers are forked from the template and share its pages.", ""]
 
 
-def _md_broker(f: dict[str, Any]) -> list[str]:
+def table_broker(f: dict[str, Any]) -> list[str]:
     o, sc = f["overhead"], f["scaling"]
     rows = ["| per-call overhead (sequential no-op calls, --reuse-workers) | median | p90 |", "|---|---|---|"]
     rows += [f"| {k} | {_fmt_us(v)} | {_fmt_us(o['p90_us'][k])} |" for k, v in o["median_us"].items()]
@@ -496,7 +483,7 @@ def _md_broker(f: dict[str, Any]) -> list[str]:
             ""]
 
 
-def _md_layers(f: dict[str, Any]) -> list[str]:
+def table_layers(f: dict[str, Any]) -> list[str]:
     rows = ["| executor (no-op call, plain DEALER) | p50 | p99 |", "|---|---|---|"]
     rows += [f"| {k} | {_fmt_us(v['p50'])} | {_fmt_us(v['p99'])} |" for k, v in f["latency"].items()]
     rows += [f"| {k} | could not start: {v} | |" for k, v in f["could_not_start"].items()]
@@ -504,7 +491,7 @@ def _md_layers(f: dict[str, Any]) -> list[str]:
     rows += [f"| {k} | {_fmt_us(v) if v is not None else 'n/a'} |" for k, v in f["cost_us"].items()]
     layers = f.get("entries", {}).get("per_layer", {})
     if layers.get("status") == MEASURED and layers.get("layers_ms"):
-        rows += ["", "| layer, while a hardened worker is prepared (scripts/bench_hardened.py) | ms (p50) |",
+        rows += ["", "| layer, while a hardened worker is prepared (scripts/benchmarks/hardened.py) | ms (p50) |",
                  "|---|---|"]
         rows += [f"| {k} | {v:.2f} |" for k, v in layers["layers_ms"].items()]
         rows += [f"| whole preparation: hardened / default | {layers['prepare_hardened_ms']:.1f} / "

@@ -9,8 +9,9 @@
    window. Target: at least 0.85 x linear (calls/s per worker, relative to one worker).
 
 All executors reuse their workers (``--reuse-workers``): this measures the pool, not the fork of a
-fresh worker per call (scripts/bench_executor.py measures that). ``run()`` is importable (the
-combined ``scripts/bench`` calls it); ``python scripts/bench_broker.py [--quick]`` runs it alone.
+fresh worker per call (scripts/benchmarks/fresh.py measures that). The figure ``broker_pool`` of
+``scripts/bench`` is ``run()`` at its ``--quick`` size; ``python -m scripts.benchmarks.broker
+[--quick]`` runs it alone.
 """
 
 from __future__ import annotations
@@ -28,18 +29,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import psutil
 
-import psutil  # noqa: E402
+from controller import ExecutorClient
+from protocol import Call
+from protocol.curve import keygen, load_pair, load_public
+from tests.support.net import free_port
+from tests.support.pool import POOL_TOOLS, Pool
 
-from controller import ExecutorClient  # noqa: E402
-from protocol import Call  # noqa: E402
-from protocol.curve import keygen, load_pair, load_public  # noqa: E402
-from tests.support.net import free_port  # noqa: E402
-from tests.support.pool import POOL_TOOLS, Pool  # noqa: E402
+from . import report
+from .paths import RESULTS
+from .record import log, measured, not_built
+from .registry import Context, figure
 
-OUT = ROOT / "bench-results" / "pool.json"
+OUT = RESULTS / "pool.json"
+TITLE = "Broker overhead and scaling (scripts/benchmarks/broker.py --quick)"
 SLEEP_S = 0.010
 WORKERS = (1, 2, 4, 8, 16)
 PER_EXECUTOR = 4
@@ -220,6 +224,21 @@ def run(quick: bool = False, out: Path = OUT) -> dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+@figure("broker_pool", "the broker's per-call overhead, with and without CurveZMQ, and scaling through it "
+        "(issue 12)", order=110, table=report.table_broker)
+def broker_pool(context: Context) -> dict[str, Any]:
+    """The pool's own benchmark (issue 12), run as part of the whole. Its figures go into
+    results.json; its own bench-results/pool.json (a full run of it) is left alone."""
+    if not context.features.broker:
+        return not_built(context.features.missing("broker"), title=TITLE)
+    if context.tiny:  # its public parts at the smallest size: the code path, not the numbers
+        return measured(title=TITLE, overhead=overhead(rounds=1, per_round=3),
+                        scaling=scaling(window=0.1, workers=(1,)))
+    # Its --quick size: the full one takes about 50 s here, and pool_scaling already goes to 16 workers.
+    log("broker pool: scripts/benchmarks/broker.py --quick")
+    return measured(title=TITLE, **run(quick=True, out=Path(context.tmp) / "pool.json"))
 
 
 def main() -> int:

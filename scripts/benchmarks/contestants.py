@@ -1,7 +1,7 @@
 """Everything a no-op tool call is compared against, each with ``block(n) -> [seconds per call]``:
 the bare ZeroMQ echo (the floor), a bare socketpair echo (the worker channel's floor), our executor
 through a plain DEALER and through ``ExecutorClient``, an in-process call, a Jupyter kernel and a
-fresh ``python -c`` per call. Every one runs ``bench_tools.noop`` (or ``stamp``)."""
+fresh ``python -c`` per call. Every one runs ``tools.noop`` (or ``stamp``)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import bench_tools
 import msgpack
 import zmq
 
 from controller import ExecutorClient
 from protocol import Call, Hello, Result, decode, encode
 
-SCRIPTS = Path(__file__).resolve().parent
+from . import tools
+from .paths import PACKAGE, ROOT, module_command
+
 PEER_START_TIMEOUT = 30.0
 KERNEL_TIMEOUT = 60.0
 ECHO_BODY = {"tool": "noop", "args": [], "kwargs": {}, "id": "0" * 32}
@@ -33,7 +34,7 @@ CHANNEL_REQUEST = {"seq": 1, "tool": "noop", "args": [], "kwargs": {}, "limits":
 
 
 def start_peer(*args: str, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, str(SCRIPTS / "bench_peers.py"), *args], stdin=subprocess.PIPE,
+    proc = subprocess.Popen(module_command("peers", *args), cwd=ROOT, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, pass_fds=pass_fds)
     assert proc.stdout is not None
     ready = read_line(proc, PEER_START_TIMEOUT)
@@ -118,7 +119,7 @@ class ChannelEcho:
         return self.proc.pid
 
     def block(self, n: int) -> list[float]:
-        from bench_peers import HEADER, recv_exact
+        from .peers import HEADER, recv_exact
 
         times = []
         for _ in range(n):
@@ -241,7 +242,7 @@ class InProcess:
 
     def block(self, n: int) -> list[float]:
         times = []
-        fn = bench_tools.noop
+        fn = tools.noop
         clock = time.perf_counter
         for _ in range(n):
             t0 = clock()
@@ -260,14 +261,13 @@ class FreshPython:
     name = "fresh `python -c` per call"
 
     def __init__(self) -> None:
-        self.command = [sys.executable, "-c",
-                        f"import sys; sys.path.insert(0, {str(SCRIPTS)!r}); import bench_tools; bench_tools.noop()"]
+        self.command = [sys.executable, "-c", f"from {PACKAGE} import tools; tools.noop()"]
 
     def block(self, n: int) -> list[float]:
         times = []
         for _ in range(n):
             t0 = time.perf_counter()
-            subprocess.run(self.command, check=True, stdin=subprocess.DEVNULL, timeout=60)
+            subprocess.run(self.command, cwd=ROOT, check=True, stdin=subprocess.DEVNULL, timeout=60)
             times.append(time.perf_counter() - t0)
         return times
 
@@ -278,10 +278,11 @@ class FreshPython:
 class JupyterKernel:
     """An IPython kernel (ipykernel) driven by ``jupyter_client``: ``execute`` of the same function,
     timed until its shell ``execute_reply``. The kernel runs this interpreter, with its own
-    runtime and IPython directories under a temporary directory."""
+    runtime and IPython directories under a temporary directory, started in the project root (so
+    it imports the tool module as this package's)."""
 
     name = "Jupyter kernel execute (ipykernel, shell reply)"
-    SETUP = f"import sys; sys.path.insert(0, {str(SCRIPTS)!r}); import bench_tools"
+    SETUP = f"from {PACKAGE} import tools"
 
     def __init__(self) -> None:
         from jupyter_client.manager import KernelManager
@@ -297,7 +298,7 @@ class JupyterKernel:
                           IPYTHONDIR=os.path.join(self.tmp, "ipython"))
         self.km = KernelManager(kernel_name="ciayn-bench")
         started = time.perf_counter()
-        self.km.start_kernel()
+        self.km.start_kernel(cwd=str(ROOT))
         self.kc = self.km.blocking_client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=KERNEL_TIMEOUT)
@@ -325,7 +326,7 @@ class JupyterKernel:
         times = []
         for _ in range(n):
             t0 = time.perf_counter()
-            self.execute("bench_tools.noop()")
+            self.execute("tools.noop()")
             times.append(time.perf_counter() - t0)
         self.drain_iopub()
         return times
@@ -336,7 +337,7 @@ class JupyterKernel:
         t0 = time.perf_counter()
         self.km.restart_kernel(now=True)
         self.kc.wait_for_ready(timeout=KERNEL_TIMEOUT)
-        self.execute(self.SETUP + "; bench_tools.noop()")
+        self.execute(self.SETUP + "; tools.noop()")
         elapsed = time.perf_counter() - t0
         self.drain_iopub()
         return elapsed

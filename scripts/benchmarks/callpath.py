@@ -27,17 +27,19 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-import bench_tools
 import msgpack
-from bench_contestants import CHANNEL_REQUEST, ChannelEcho, ClientCalls, Dealer, ZmqEcho
-from bench_executors import Running, direct
-from bench_features import Features
-from bench_parse import measure
-from bench_peers import HEADER
-from bench_record import log, measured, summarize
-from bench_sizes import Sizes
 
 from protocol import Call, ToolSpec, decode, encode
+
+from . import report, tools
+from .contestants import CHANNEL_REQUEST, ChannelEcho, ClientCalls, Dealer, ZmqEcho
+from .executors import Running, direct
+from .features import Features
+from .parse import measure
+from .peers import HEADER
+from .record import log, measured, summarize
+from .registry import Context, figure
+from .sizes import Sizes
 
 WORKER_REPLY: dict[str, Any] = {"ok": True, "value": None, "wall_s": 1.2e-6, "cpu_s": 0.0, "peak_rss_kb": 31337,
                                 "signals": [], "seq": 1}
@@ -140,7 +142,7 @@ def codec_steps(dealer: Dealer, repeat: int) -> dict[str, dict[str, Any]]:
     result = decode(reply)
     call = decode(request)
     assert isinstance(call, Call)
-    spec = ToolSpec.from_function(bench_tools.noop)
+    spec = ToolSpec.from_function(tools.noop)
     channel_request = HEADER.pack(0) + msgpack.packb(CHANNEL_REQUEST, use_bin_type=True)
     channel_reply = msgpack.packb(WORKER_REPLY, use_bin_type=True)
     logger = logging.getLogger("ciayn-bench-logline")
@@ -365,7 +367,7 @@ CUTS: dict[str, tuple[list[str], dict[str, Any], bool]] = {
 
 def cuts(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
     """What each candidate cut of the call path would buy: the executor as shipped against what-if
-    variants (bench_whatif.py patches it in memory, nothing in executor/ changes), each with the
+    variants (whatif.py patches it in memory, nothing in executor/ changes), each with the
     floor, in interleaved rounds; p50, ratio to the floor and CPU per call over all processes."""
     lean = ["--reuse-workers"] if features.reuse_workers else []
     entries: dict[str, dict[str, Any]] = {}
@@ -411,8 +413,26 @@ def cuts(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
     return measured(
         title="What candidate cuts of the call path would buy (what-if runs)",
         method=("plain DEALER no-op calls against the executor as shipped and against variants patched in memory by "
-                "scripts/bench_whatif.py (executor/ is not changed), interleaved with the floor; ratio_to_floor is "
-                "the median over rounds"),
+                "scripts/benchmarks/whatif.py (executor/ is not changed), interleaved with the floor; "
+                "ratio_to_floor is the median over rounds"),
         path_flags=" ".join(lean) or "default flags",
         entries=entries,
     )
+
+
+@figure(
+    "call_path",
+    "where a no-op call's time goes: timestamps per hop, CPU per process, the codec, both hops' floors",
+    order=30, chart=report.chart_call_path, table=report.table_call_path,
+)
+def call_path(context: Context) -> dict[str, Any]:
+    return run(context.features, context.sizes, context.tmp)
+
+
+@figure(
+    "call_path_cuts",
+    "what candidate cuts of the call path would buy (what-if runs; executor/ unchanged)",
+    order=50, chart=report.chart_cuts, table=report.table_cuts,
+)
+def call_path_cuts(context: Context) -> dict[str, Any]:
+    return cuts(context.features, context.sizes, context.tmp)

@@ -8,13 +8,15 @@ import contextlib
 import statistics
 from typing import Any
 
-from bench_contestants import ClientCalls, Dealer, FreshPython, InProcess, JupyterKernel, ZmqEcho
-from bench_executors import SHARED, Running, brokered, direct
-from bench_features import Features
-from bench_record import FAILED, MEASURED, failed, log, measured, not_built, summarize
-from bench_sizes import Sizes
-
 from protocol import Call
+
+from . import report
+from .contestants import ClientCalls, Dealer, FreshPython, InProcess, JupyterKernel, ZmqEcho
+from .executors import SHARED, Running, brokered, direct
+from .features import Features
+from .record import MEASURED, failed, log, measured, not_built, summarize
+from .registry import Context, figure
+from .sizes import Sizes
 
 FLOOR = "floor_zmq_echo"
 
@@ -149,5 +151,10 @@ def _targets(entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def has_failures(figure: dict[str, Any]) -> bool:
-    return figure.get("status") == FAILED or any(e.get("status") == FAILED for e in figure.get("entries", {}).values())
+@figure(
+    "round_trip",
+    "a no-op call's round trip: ours against the bare ZeroMQ echo, Jupyter, in-process, fresh python",
+    order=10, chart=report.chart_round_trip, table=report.table_round_trip,
+)
+def round_trip(context: Context) -> dict[str, Any]:
+    return run(context.features, context.sizes, context.tmp)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark ``protocol.parse_call``: median and p90 time per call for typical model replies.
 
-Usage: .venv/bin/python scripts/bench_parse.py [--out FILE] [--repeat N]
+Usage: .venv/bin/python -m scripts.benchmarks.parse [--out FILE] [--repeat N]
 
 Writes the figures as JSON (default ``bench-results/parse.json``) and prints a markdown table. The
 target is a median under 50 us for a typical one-line call.
@@ -20,10 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from protocol import ToolSpec, parse_call
 
-from protocol import ToolSpec, parse_call  # noqa: E402
+from .paths import RESULTS
 
 TARGET_MEDIAN_US = 50.0
 
@@ -96,7 +95,7 @@ def measure(fn: Callable[[], Any], repeat: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "parse.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "parse.json")
     parser.add_argument("--repeat", type=int, default=200, help="timed batches per case")
     args = parser.parse_args(argv)
 

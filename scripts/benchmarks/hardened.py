@@ -15,7 +15,7 @@ bench-results/hardened_workspace_rw.json): a hardened no-op call's p50 at low lo
 it, sustained no-op calls on 2 workers with and without it, and the time to apply a call's changes
 (100 files, 10 MB in all) to the workspace, timed on the applier alone and end to end.
 
-Usage: .venv/bin/python scripts/bench_hardened.py [--calls N] [--seconds S] [--workspace-rw] [--out PATH]
+Usage: .venv/bin/python -m scripts.benchmarks.hardened [--calls N] [--seconds S] [--workspace-rw] [--out PATH]
 """
 
 from __future__ import annotations
@@ -33,12 +33,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from .paths import RESULTS, ROOT
 
-from executor import hardening, overlay  # noqa: E402
-from executor.selfcheck import _Client  # noqa: E402
-from executor.workers.cgroups import CgroupSupport  # noqa: E402
+# The executor's internals driven here (its sandbox, the selfcheck's client, control groups) are
+# imported where they are used: when one moves inside executor/, this benchmark fails when it runs
+# (the hardened_layers figure records why), not the discovery of every other figure.
 
 NOOP = ("hold", {"seconds": 0.0})  # a tool of executor.selfcheck that returns at once
 LOW_LOAD_GAP = 0.03  # seconds between low-load calls: the replacement worker is ready again
@@ -50,7 +49,9 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def _serve(profile: str, workdir: str, workers: int,
-           extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], _Client]:
+           extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], Any]:
+    from executor.selfcheck import _Client
+
     sockdir = tempfile.mkdtemp(prefix="ciayn-bench-sock-")  # mode 0700: the executor refuses any other
     atexit.register(shutil.rmtree, sockdir, ignore_errors=True)  # the executor removes only its socket file
     sock = os.path.join(sockdir, f"{profile}.sock")
@@ -70,7 +71,7 @@ def _serve(profile: str, workdir: str, workers: int,
     return proc, client
 
 
-def _low_load(client: _Client, calls: int) -> dict[str, float]:
+def _low_load(client: Any, calls: int) -> dict[str, float]:
     times = []
     for _ in range(calls):
         time.sleep(LOW_LOAD_GAP)
@@ -81,7 +82,7 @@ def _low_load(client: _Client, calls: int) -> dict[str, float]:
     return {"p50_ms": statistics.median(times) * 1000, "p90_ms": _pct(times, 0.9) * 1000, "calls": calls}
 
 
-def _sustained(client: _Client, seconds: float, in_flight: int) -> dict[str, float]:
+def _sustained(client: Any, seconds: float, in_flight: int) -> dict[str, float]:
     done = failed = 0
     pending = {client.send(*NOOP) for _ in range(in_flight)}
     t0 = time.perf_counter()
@@ -98,7 +99,7 @@ def _sustained(client: _Client, seconds: float, in_flight: int) -> dict[str, flo
     return {"calls_per_s": done / elapsed, "calls": done, "failed": failed, "in_flight": in_flight}
 
 
-def _prepare_once(sandbox: hardening.Sandbox | None, support: CgroupSupport, n: int) -> tuple[float, dict[str, float]]:
+def _prepare_once(sandbox: Any, support: Any, n: int) -> tuple[float, dict[str, float]]:
     """One worker made as the template makes it: groups, (hardened: before_fork), fork; the child
     joins, enters the sandbox and says so. Returns the seconds until it said so, and its layer times."""
     t0 = time.perf_counter()
@@ -136,6 +137,9 @@ def _prepare_once(sandbox: hardening.Sandbox | None, support: CgroupSupport, n: 
 
 def _preparation(workdir: str, rounds: int) -> dict[str, Any]:
     """Worker preparation in a child process that plays the template (its mount namespace is its own)."""
+    from executor import hardening
+    from executor.workers.cgroups import CgroupSupport
+
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -173,6 +177,8 @@ def _preparation(workdir: str, rounds: int) -> dict[str, Any]:
 
 def bench(calls: int = 200, seconds: float = 5.0, workers: int = 2, rounds: int = 30) -> dict[str, Any]:
     """Measure both profiles; returns the figures and whether each target was met."""
+    from executor import hardening
+
     missing = hardening.probe_all()
     if missing:
         raise RuntimeError(f"the hardened profile needs layers this machine lacks: {missing}")
@@ -209,6 +215,8 @@ APPLY_FILES, APPLY_BYTES = 100, 10 * 1000 * 1000  # one call's changes: 100 file
 def _applies(rounds: int) -> list[float]:
     """``overlay.commit`` alone, ``rounds`` times, in a child with a mount namespace of its own:
     an upper layer (tmpfs) holding 100 new files of 100 kB applied to an empty workspace."""
+    from executor import hardening, overlay
+
     top = tempfile.mkdtemp(prefix="ciayn-bench-apply-", dir="/var/tmp")  # removed here once the child is gone
     r, w = os.pipe()
     pid = os.fork()
@@ -251,6 +259,8 @@ def _applies(rounds: int) -> list[float]:
 
 def bench_workspace_rw(calls: int = 200, rounds: int = 20, workers: int = 2, seconds: float = 5.0) -> dict[str, Any]:
     """What ``--workspace-rw`` costs under the hardened profile, side by side in one run."""
+    from executor import hardening
+
     missing = hardening.probe_all()
     if missing:
         raise RuntimeError(f"the hardened profile needs layers this machine lacks: {missing}")
@@ -302,12 +312,12 @@ def main() -> int:
     args = parser.parse_args()
     if args.workspace_rw:
         rw = bench_workspace_rw(args.calls, seconds=args.seconds)
-        out = Path(args.out or ROOT / "bench-results" / "hardened_workspace_rw.json")
+        out = Path(args.out or RESULTS / "hardened_workspace_rw.json")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(rw, indent=2) + "\n")
         print(json.dumps(rw, indent=2))
         return 0
-    args.out = args.out or str(ROOT / "bench-results" / "hardened.json")
+    args.out = args.out or str(RESULTS / "hardened.json")
     result = bench(args.calls, args.seconds)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -1,6 +1,6 @@
 """What a fresh worker per call costs (issue 9), side by side with --reuse-workers in one run.
 
-    .venv/bin/python scripts/bench_fresh.py [--quick]      writes bench-results/fresh.json
+    .venv/bin/python -m scripts.benchmarks.fresh [--quick]      writes bench-results/fresh.json
 
 Three figures, fresh workers (the default) against --reuse-workers, measured in interleaved rounds:
 
@@ -10,8 +10,8 @@ Three figures, fresh workers (the default) against --reuse-workers, measured in 
   wait for the replacement worker to be forked;
 - sustained throughput: many calls in flight against --workers 2;
 
-and the supervisor's RSS after it all. ``run()`` is importable (the combined ``scripts/bench`` may
-call it); targets: low-load p50 within 1.2x of --reuse-workers, at least 200 calls/s.
+and the supervisor's RSS after it all. The figure ``fresh_workers`` of ``scripts/bench`` is
+``run()`` at its size; targets: low-load p50 within 1.2x of --reuse-workers, at least 200 calls/s.
 """
 
 from __future__ import annotations
@@ -29,11 +29,15 @@ from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from controller import ExecutorClient, LocalExecutor
+from protocol import Call
 
-from controller import ExecutorClient, LocalExecutor  # noqa: E402
-from protocol import Call  # noqa: E402
+from . import report
+from .paths import RESULTS, ROOT
+from .record import log, measured
+from .registry import Context, figure
+
+TITLE = "What a fresh worker per call costs (scripts/benchmarks/fresh.py)"
 
 TOOLS = str(ROOT / "tests" / "tools" / "faulty.py")
 PAUSE_S = 0.02  # between calls at low load
@@ -92,7 +96,7 @@ def run(quick: bool = False, size: tuple[int, int, int] | None = None) -> dict[s
             proc = locals_[mode].proc
             assert proc is not None
             rss_mb[mode] = round(psutil.Process(proc.pid).memory_info().rss / 2**20, 1)
-    result = {
+    result: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
                     "load_1min": round(os.getloadavg()[0], 2)},
         "low_load_p50_us": {m: _p50_us(v) for m, v in low.items()},
@@ -110,10 +114,23 @@ def run(quick: bool = False, size: tuple[int, int, int] | None = None) -> dict[s
     return result
 
 
+@figure("fresh_workers", "fresh workers (the default) against --reuse-workers: p50 apart and back to back, "
+        "calls/s (issue 9)", order=20, chart=report.chart_fresh, table=report.table_fresh)
+def fresh_workers(context: Context) -> dict[str, Any]:
+    """Issue 9's figures: fresh workers (the default) against --reuse-workers, interleaved, with
+    calls 20 ms apart (low load, the target's measure), back to back, and sustained."""
+    log("fresh workers: scripts/benchmarks/fresh.py")
+    data = run(size=(1, 3, 20) if context.tiny else (4, 30, 1000))
+    t = data.pop("targets")
+    targets = {"fresh_vs_reuse_workers_p50, calls 20 ms apart (issue 9)": t["fresh_vs_reuse_low_load_p50"],
+               "fresh_workers_calls_per_s, sustained (issue 9)": t["fresh_throughput"]}
+    return measured(title=TITLE, targets=targets, **{k: v for k, v in data.items() if k != "machine"})
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a few calls only (the test suite's size)")
-    parser.add_argument("--out", default=str(ROOT / "bench-results" / "fresh.json"))
+    parser.add_argument("--out", default=str(RESULTS / "fresh.json"))
     args = parser.parse_args()
     result = run(quick=args.quick)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -1,4 +1,5 @@
-"""The fork floor of the template (``python bench_forkfloor.py TOOL_MODULE``): a process that imports
+"""The fork floor of the template (``python -m scripts.benchmarks.forkfloor TOOL_MODULE``, from the
+project root; ``weight.ForkFloor`` runs it as its peer): a process that imports
 what the executor's template imports (``executor.workers.worker`` and the tool module, loaded the way the
 template loads it) and then forks children that exit at once, as the template forks workers
 (``executor.workers.quickfork.fork``, the bare ``fork()`` where that is safe).
@@ -16,15 +17,10 @@ import os
 import resource
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from executor.registry import load_tools  # noqa: E402
-from executor.workers import quickfork  # noqa: E402
-from executor.workers.worker import worker_loop  # noqa: E402, F401  (what the template has imported)
+from executor.registry import load_tools
+from executor.workers import quickfork
+from executor.workers.worker import worker_loop  # noqa: F401  (what the template has imported)
 
 
 def private_kb(pid: int | str = "self") -> int:

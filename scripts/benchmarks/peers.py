@@ -1,4 +1,5 @@
-"""The other ends of the benchmarks, each run as its own process (``python bench_peers.py ROLE ...``):
+"""The other ends of the benchmarks, each run as its own process (``python -m scripts.benchmarks.peers
+ROLE ...`` from the project root, ``contestants.start_peer``):
 
 - ``zmq-echo ENDPOINT``: the floor. A ROUTER that answers each msgpack message with itself; a
   DEALER in the benchmark process talks to it (a bare pyzmq DEALER/ROUTER msgpack echo between two
@@ -22,15 +23,10 @@ import struct
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from pathlib import Path
 from typing import Any
 
 import msgpack
 import zmq
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 HEADER = struct.Struct("!I")
 STOP = b"stop"
@@ -133,7 +129,8 @@ def main(argv: list[str]) -> int:
     elif role == "controller":
         controller()
     else:
-        print(f"usage: bench_peers.py zmq-echo ENDPOINT | chan-echo FD | controller (got {argv})", file=sys.stderr)
+        print(f"usage: python -m scripts.benchmarks.peers zmq-echo ENDPOINT | chan-echo FD | controller (got {argv})",
+              file=sys.stderr)
         return 2
     return 0
 

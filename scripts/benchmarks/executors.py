@@ -19,22 +19,22 @@ from pathlib import Path
 
 import psutil
 import zmq
-from bench_features import Features
 
 from controller import ExecutorClient, LocalExecutor
 from protocol import Hello, Welcome, decode, encode
 
-BENCH_TOOLS = str(Path(__file__).resolve().parent / "bench_tools.py")
+from .features import Features
+from .paths import HERE
+
+BENCH_TOOLS = str(HERE / "tools.py")
+WHATIF = str(HERE / "whatif.py")
 POOL_READY_TIMEOUT = 15.0
 STOP_TIMEOUT = 5.0
 
 
-WHATIF = str(Path(__file__).resolve().parent / "bench_whatif.py")
-
-
 class BenchExecutor(LocalExecutor):
     """``LocalExecutor`` that passes extra ``serve`` flags (``--reuse-workers``, ...) through, and
-    can start the executor with benchmark-only what-if ``patches`` (see bench_whatif.py)."""
+    can start the executor with benchmark-only what-if ``patches`` (see whatif.py)."""
 
     def __init__(self, *, extra: list[str] | None = None, patches: list[str] | None = None,
                  **options: object) -> None:
@@ -48,7 +48,9 @@ class BenchExecutor(LocalExecutor):
             return command
         if command[1:3] != ["-m", "executor.cli"]:
             raise RuntimeError(f"cannot apply what-if patches to {command[:3]}")
-        return [command[0], WHATIF, ",".join(self.patches), "--", *command[3:]]
+        # -P: the script's folder (this package's, whose module names are generic) is not put on the
+        # executor's sys.path; it imports executor/ as ``-m executor.cli`` would.
+        return [command[0], "-P", WHATIF, ",".join(self.patches), "--", *command[3:]]
 
 
 @dataclass

@@ -1,13 +1,14 @@
 """Before and after, side by side: the executor of another checkout against this one's, in one run.
 
     git worktree add /tmp/before HEAD~1
-    .venv/bin/python scripts/bench_ab.py /tmp/before [--reuse-workers] [--rounds N] [--calls N]
+    .venv/bin/python -m scripts.benchmarks.ab /tmp/before [--reuse-workers] [--rounds N] [--calls N]
 
-Starts one executor from each tree (``PYTHONPATH`` names the tree; run it from any directory but
-the trees) with the same flags, then times no-op calls in interleaved rounds, back to back and
-20 ms apart, with the CPU each call costs in all processes (client, supervisor, template,
-workers; ``bench_callpath.CpuMeter``). Prints one table of p50s and CPU, with after/before
-ratios. For a change to the call path, quote these ratios in the commit.
+(from this tree's root). Starts one executor from each tree (``PYTHONPATH`` names the tree, and the
+executors start in an empty directory: ``python -m`` would put their working directory first on
+their ``sys.path``, ahead of ``PYTHONPATH``) with the same flags, then times no-op calls in
+interleaved rounds, back to back and 20 ms apart, with the CPU each call costs in all processes
+(client, supervisor, template, workers; ``callpath.CpuMeter``). Prints one table of p50s and CPU,
+with after/before ratios. For a change to the call path, quote these ratios in the commit.
 """
 
 from __future__ import annotations
@@ -17,23 +18,20 @@ import contextlib
 import os
 import statistics
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parent
-ROOT = SCRIPTS.parent
-for path in (str(ROOT), str(SCRIPTS)):
-    if path not in sys.path:
-        sys.path.insert(0, path)
-
-from bench_callpath import CpuMeter  # noqa: E402
-from bench_contestants import ClientCalls  # noqa: E402
-from bench_executors import Running, direct  # noqa: E402
-from bench_weight import Paced  # noqa: E402
+from .callpath import CpuMeter
+from .contestants import ClientCalls
+from .executors import Running, direct
+from .paths import ROOT
+from .weight import Paced
 
 
 @contextlib.contextmanager
-def _tree(tree: Path) -> object:
+def _tree(tree: Path) -> Iterator[None]:
     """The executor started inside imports its packages from ``tree``."""
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = str(tree)
@@ -62,11 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--calls", type=int, default=60, help="calls per round and mode")
     args = parser.parse_args(argv)
-    if Path.cwd().resolve() in (ROOT, args.before.resolve()):
-        parser.error("run it from another directory (python -m puts the current one first on sys.path)")
     extra = ["--reuse-workers"] if args.reuse_workers else []
     trees = {"before": args.before.resolve(), "after": ROOT}
+    if not (trees["before"] / "executor").is_dir():
+        parser.error(f"{args.before} is not a checkout of this project (it has no executor/)")
     with contextlib.ExitStack() as stack:
+        stack.enter_context(contextlib.chdir(stack.enter_context(tempfile.TemporaryDirectory(prefix="ciayn-ab-"))))
         running: dict[str, Running] = {}
         for name, tree in trees.items():
             with _tree(tree):

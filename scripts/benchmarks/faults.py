@@ -15,13 +15,15 @@ import statistics
 import time
 from typing import Any
 
-from bench_contestants import JupyterKernel
-from bench_executors import SHARED, Running, direct
-from bench_features import Features
-from bench_record import MEASURED, failed, log, measured, not_built, summarize
-from bench_sizes import Sizes
-
 from protocol import Call
+
+from . import report
+from .contestants import JupyterKernel
+from .executors import SHARED, Running, direct
+from .features import Features
+from .record import MEASURED, failed, log, measured, not_built, summarize
+from .registry import Context, figure
+from .sizes import Sizes
 
 
 def crash_recovery(running: Running, rounds: int) -> dict[str, Any]:
@@ -116,3 +118,21 @@ def run_timeouts(sizes: Sizes) -> dict[str, Any]:
         targets={"overshoot_p99_ms (issue 14)": {"value": summary["p99"], "at_most": 100.0,
                                                   "met": summary["p99"] <= 100.0}},
     )
+
+
+@figure(
+    "recovery",
+    "from a crashed worker to the next successful call, against a Jupyter kernel's restart",
+    order=40, chart=report.chart_recovery, table=report.table_recovery,
+)
+def recovery(context: Context) -> dict[str, Any]:
+    return run_recovery(context.features, context.sizes)
+
+
+@figure(
+    "timeout_precision",
+    "how late a hung call's `timeout` answer arrives after its deadline",
+    order=60, chart=report.chart_timeouts, table=report.table_timeouts,
+)
+def timeout_precision(context: Context) -> dict[str, Any]:
+    return run_timeouts(context.sizes)

@@ -1,7 +1,7 @@
 """CIAYN's own cost per step, in the controller, before and after the executor: parse the model's
 line, validate it against the tool's spec, fingerprint it (repeat detection), encode the call for
-the wire and decode the result that comes back. Timed in-process with ``bench_parse.measure``; the
-grammar's wider table of cases (``bench_parse``) is refreshed alongside."""
+the wire and decode the result that comes back. Timed in-process with ``parse.measure``; the
+grammar's wider table of cases (``parse``) is refreshed alongside."""
 
 from __future__ import annotations
 
@@ -11,17 +11,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-import bench_parse
-from bench_record import log, measured
-
 from protocol import Result, Stats, WorkerInfo, decode, encode, fingerprint, parse_call, parse_calls
+
+from . import parse, report
+from .record import log, measured
+from .registry import Context, figure
 
 TEXT = 'read_file(path="src/main.py", start=10, lines=40)'
 
 
 def run(repeat: int, out_dir: Path) -> dict[str, Any]:
     log("CIAYN per-step overhead and the grammar cases")
-    spec = bench_parse.TOOLS["read_file"]
+    spec = parse.TOOLS["read_file"]
     call = parse_call(TEXT)
     sent = call.model_copy(update={"id": "0123456789abcdef0123456789abcdef-1"})
     reply = encode(Result(id=sent.id or "", ok=True, value="x" * 200, worker=WorkerInfo(id=0, pid=1, incarnation=1),
@@ -29,17 +30,17 @@ def run(repeat: int, out_dir: Path) -> dict[str, Any]:
     stages = {
         "parse (grammar, ast)": lambda: parse_call(TEXT),
         "validate (bind to the tool's signature)": lambda: spec.bind(call.args, call.kwargs),
-        "parse + validate as the agent does (parse_calls with tools)": lambda: parse_calls(TEXT, bench_parse.TOOLS),
+        "parse + validate as the agent does (parse_calls with tools)": lambda: parse_calls(TEXT, parse.TOOLS),
         "fingerprint (repeat detection)": lambda: fingerprint(call, spec),
         "encode the call (protocol.encode)": lambda: encode(sent),
         "decode the result (protocol.decode)": lambda: decode(reply),
     }
-    timings = {name: bench_parse.measure(fn, repeat) for name, fn in stages.items()}
+    timings = {name: parse.measure(fn, repeat) for name, fn in stages.items()}
     step = ["parse + validate as the agent does (parse_calls with tools)", "fingerprint (repeat detection)",
             "encode the call (protocol.encode)", "decode the result (protocol.decode)"]
     parse_json = out_dir / "parse.json"
     with contextlib.redirect_stdout(io.StringIO()):
-        bench_parse.main(["--out", str(parse_json), "--repeat", str(max(3, repeat))])
+        parse.main(["--out", str(parse_json), "--repeat", str(max(3, repeat))])
     return measured(
         title="CIAYN overhead per step (controller side)",
         text=TEXT,
@@ -48,3 +49,12 @@ def run(repeat: int, out_dir: Path) -> dict[str, Any]:
         step_total_is="parse + validate, fingerprint, encode the call, decode the result",
         grammar_cases=json.loads(parse_json.read_text())["cases"],
     )
+
+
+@figure(
+    "ciayn_overhead",
+    "CIAYN's own cost per step in the controller (parse, validate, fingerprint, codec)",
+    order=80, chart=report.chart_ciayn, table=report.table_ciayn,
+)
+def ciayn_overhead(context: Context) -> dict[str, Any]:
+    return run(context.sizes.microbench_repeat, context.out)

@@ -7,10 +7,13 @@ import time
 from typing import Any
 
 import psutil
-from bench_executors import direct
-from bench_record import log, measured
 
 from protocol import Call
+
+from . import report
+from .executors import direct
+from .record import log, measured
+from .registry import Context, figure
 
 WORKERS = 4
 MB = 2**20
@@ -64,3 +67,12 @@ def run(calls: int) -> dict[str, Any]:
             worker_uss_mb=[_uss(w) for w in workers],
             worker_rss_mb=[round(w.memory_info().rss / MB, 2) for w in workers],
         )
+
+
+@figure(
+    "memory",
+    "the supervisor's, the template's and each worker's memory after a run of calls",
+    order=90, chart=report.chart_memory, table=report.table_memory,
+)
+def memory(context: Context) -> dict[str, Any]:
+    return run(context.sizes.memory_calls)

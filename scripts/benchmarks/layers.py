@@ -10,11 +10,13 @@ import contextlib
 import statistics
 from typing import Any
 
-from bench_contestants import Dealer
-from bench_executors import SHARED, direct
-from bench_features import Features
-from bench_record import MEASURED, failed, log, measured, not_built, summarize
-from bench_sizes import Sizes
+from . import hardened, report
+from .contestants import Dealer
+from .executors import SHARED, direct
+from .features import Features
+from .record import MEASURED, failed, log, measured, not_built, summarize
+from .registry import Context, figure
+from .sizes import Sizes
 
 TITLE = "Cost of the hardened profile and of each of its layers"
 FLAVOURS: dict[str, tuple[str, list[str]]] = {
@@ -25,17 +27,13 @@ FLAVOURS: dict[str, tuple[str, list[str]]] = {
 
 
 def per_layer(tiny: bool) -> dict[str, Any]:
-    """Each layer's own cost, from the hardened profile's benchmark (scripts/bench_hardened.py, issue
-    11), which times the layers inside a worker as it is prepared. Skipped at the tiny size: its
+    """Each layer's own cost, from the hardened profile's benchmark (scripts/benchmarks/hardened.py,
+    issue 11), which times the layers inside a worker as it is prepared. Skipped at the tiny size: its
     executors start with a selfcheck that takes seconds, and it is that script's own code path."""
     if tiny:
-        return {"status": "skipped at the tiny size (scripts/bench_hardened.py is run by full runs)"}
+        return {"status": "skipped at the tiny size (scripts/benchmarks/hardened.py is run by full runs)"}
     try:
-        import bench_hardened
-    except ImportError as e:
-        return not_built(f"scripts/bench_hardened.py cannot be imported ({e})")
-    try:
-        figures = bench_hardened.bench(calls=40, seconds=2.0, rounds=10)
+        figures = hardened.bench(calls=40, seconds=2.0, rounds=10)
     except Exception as e:
         return failed(e)
     prep = figures.get("preparation", {})
@@ -72,7 +70,7 @@ def run(features: Features, sizes: Sizes, tiny: bool = False) -> dict[str, Any]:
             return round(float(latency[a]["p50"]) - float(latency[b]["p50"]), 1)
         return None
 
-    log("hardened layers: scripts/bench_hardened.py" + (" (skipped at the tiny size)" if tiny else ""))
+    log("hardened layers: scripts/benchmarks/hardened.py" + (" (skipped at the tiny size)" if tiny else ""))
     return measured(
         title=TITLE,
         entries={"per_layer": per_layer(tiny)},
@@ -84,5 +82,14 @@ def run(features: Features, sizes: Sizes, tiny: bool = False) -> dict[str, Any]:
         },
         not_separable="namespaces (pid, mount, net), another uid, dropped capabilities, seccomp, Landlock and the "
                       "read-only mounts have no switch of their own; entries.per_layer has their costs as "
-                      "scripts/bench_hardened.py times them inside a worker being prepared",
+                      "scripts/benchmarks/hardened.py times them inside a worker being prepared",
     )
+
+
+@figure(
+    "hardened_layers",
+    "what --profile hardened, and each of its layers, adds to a call",
+    order=100, table=report.table_layers,
+)
+def hardened_layers(context: Context) -> dict[str, Any]:
+    return run(context.features, context.sizes, tiny=context.tiny)

@@ -85,5 +85,10 @@ def failed(error: BaseException | str, **fields: Any) -> dict[str, Any]:
     return {"status": FAILED, "reason": text, "machine": machine(), **fields}
 
 
+def broken(figure: dict[str, Any]) -> bool:
+    """True if the figure, or one of its entries, failed."""
+    return figure.get("status") == FAILED or any(e.get("status") == FAILED for e in figure.get("entries", {}).values())
+
+
 def log(message: str) -> None:
     print(f"bench: {message}", file=sys.stderr, flush=True)

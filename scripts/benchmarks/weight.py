@@ -1,12 +1,12 @@
 """What a fresh worker per call weighs against the physical cost of a fork (issue 21), in one run.
 
-    .venv/bin/python scripts/bench_weight.py [--quick] [--python PY]   writes bench-results/weight.json
+    .venv/bin/python -m scripts.benchmarks.weight [--quick] [--python PY]   writes bench-results/weight.json
 
 Side by side, in interleaved rounds on the same machine:
 
 - **the fork floor of the template**: a process that imported what the template imports (the
   executor's worker side and the tool module) forking children that exit at once
-  (scripts/bench_forkfloor.py): wall time and CPU (both processes) per fork+exit+wait;
+  (scripts/benchmarks/forkfloor.py): wall time and CPU (both processes) per fork+exit+wait;
 - a no-op call to a fresh-worker executor (the default) and to a ``--reuse-workers`` one, back to
   back and 20 ms apart (as an agent's calls come), and the CPU each call costs in all processes
   together (this client, the supervisor, the template, the workers: scheduler counters);
@@ -14,8 +14,8 @@ Side by side, in interleaved rounds on the same machine:
 - a Jupyter kernel executing the same no-op (where ipykernel is installed);
 - sustained fresh calls/s with 100 in flight on 2 workers; the template's own private memory.
 
-The targets are ratios of figures from this one run (issue 21). ``run()`` is what scripts/bench
-calls.
+The targets are ratios of figures from this one run (issue 21). The figure ``weight`` of
+``scripts/bench`` is ``run()`` at its size.
 """
 
 from __future__ import annotations
@@ -32,28 +32,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-SCRIPTS = Path(__file__).resolve().parent
-ROOT = SCRIPTS.parent
-for path in (str(ROOT), str(SCRIPTS)):
-    if path not in sys.path:
-        sys.path.insert(0, path)
+from . import report
+from .callpath import CpuMeter
+from .contestants import ClientCalls, JupyterKernel, ZmqEcho
+from .executors import BENCH_TOOLS, direct
+from .forkfloor import private_kb
+from .fresh import _throughput
+from .paths import RESULTS, ROOT, module_command
+from .record import log, measured
+from .registry import Context, figure
 
-from bench_callpath import CpuMeter  # noqa: E402
-from bench_contestants import ClientCalls, JupyterKernel, ZmqEcho  # noqa: E402
-from bench_executors import BENCH_TOOLS, direct  # noqa: E402
-from bench_forkfloor import private_kb  # noqa: E402
-from bench_fresh import _throughput  # noqa: E402
+TITLE = "A fresh worker per call against the template's fork floor (scripts/benchmarks/weight.py)"
 
 PAUSE_S = 0.02  # between calls "at agent pacing"
 
 
 class ForkFloor:
-    """scripts/bench_forkfloor.py as a peer: ``block(n)`` gives n cycles' walls and their CPU."""
+    """scripts/benchmarks/forkfloor.py as a peer: ``block(n)`` gives n cycles' walls and their CPU."""
 
     name = "template fork+exit+wait (floor)"
 
     def __init__(self, python: str = sys.executable) -> None:
-        self.proc = subprocess.Popen([python, str(SCRIPTS / "bench_forkfloor.py"), BENCH_TOOLS], text=True,
+        self.proc = subprocess.Popen(module_command("forkfloor", BENCH_TOOLS, python=python), cwd=ROOT, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         assert self.proc.stdout is not None and self.proc.stdin is not None
         if self.proc.stdout.readline().strip() != "ready":
@@ -100,7 +100,7 @@ def _template_pid(supervisor: int) -> int:
 
     for child in psutil.Process(supervisor).children():
         if child.children():  # the template: its children are the workers forked ahead
-            return child.pid
+            return int(child.pid)
     return 0
 
 
@@ -185,12 +185,23 @@ def run(quick: bool = False, python: str = sys.executable, size: tuple[int, int,
     }
 
 
+@figure("weight", "a fresh call's CPU and latency against the template's own fork+exit+wait (issue 21)",
+        order=120, chart=report.chart_weight, table=report.table_weight)
+def weight(context: Context) -> dict[str, Any]:
+    """Issue 21's figures: a fresh call's CPU and latency against the template's own fork+exit+wait,
+    --reuse-workers, the ZeroMQ echo and a Jupyter kernel, interleaved."""
+    log("weight: scripts/benchmarks/weight.py")
+    data = run(size=(1, 3, 20) if context.tiny else None)
+    targets = {f"{name} (issue 21)": t for name, t in data.pop("targets").items()}
+    return measured(title=TITLE, targets=targets, **{k: v for k, v in data.items() if k != "machine"})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a smaller run (seconds; figures noisier)")
     parser.add_argument("--python", default=sys.executable,
                         help="the interpreter of the fork-floor peer (to compare CPython releases' fork cost)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench-results" / "weight.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "weight.json")
     args = parser.parse_args(argv)
     data = run(args.quick, args.python)
     args.out.write_text(json.dumps(data, indent=2) + "\n")
