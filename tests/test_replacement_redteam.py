@@ -3,7 +3,7 @@
 interpreter importing the tools again) while its event loop goes on answering, and one that cannot
 start is tried again with backoff (0.5 s doubling to 30 s) without the executor ever exiting for it.
 
-Every attack runs real executor processes (``tests.test_startup_redteam.Executor``). Tool modules
+Every attack runs real executor processes (``tests.support.serve.Executor``). Tool modules
 that behave differently at later imports count their imports in the workspace
 (``tests/tools/replace_*.py``, ``tests/tools/startup_flaky.py``, ``tests/tools/startup_gate.py``).
 
@@ -24,19 +24,12 @@ import zmq
 
 from protocol import Call, Ping, Pong, Report, Result, Status, encode
 from tests.conftest import TESTS, template_of
+from tests.support.serve import FLAKY, GATE, Executor, MiB, ctx, executors
+from tests.support.serve import collect as _collect
+from tests.support.serve import dealer as _dealer
+from tests.support.serve import rss as _rss
+from tests.support.serve import start as _start
 from tests.support.waiting import wait_until
-from tests.test_startup_redteam import (
-    FLAKY,
-    GATE,
-    Executor,
-    MiB,
-    _collect,
-    _dealer,
-    _rss,
-    _start,
-    ctx,
-    executors,
-)
 
 __all__ = ["ctx", "executors"]  # fixtures, used by name
 
