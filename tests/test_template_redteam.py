@@ -19,8 +19,9 @@ import pytest
 from controller import ExecutorClient, ExecutorUnavailable, LocalExecutor
 from protocol import Call, Result
 from tests.conftest import TESTS, template_of
+from tests.support.hostile import HostileServer
+from tests.support.hostile import tool_entry as _tool
 from tests.support.waiting import wait_until
-from tests.test_wire_client import HostileServer, _tool
 
 TOOLS = str(TESTS / "tools" / "template_attacks.py")
 TIMEOUT = 10.0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,58 +15,14 @@ from typing import Any
 
 import msgpack
 import pytest
-import zmq
 
 from controller import ExecutorClient, ExecutorUnavailable
 from controller.client import DEADLINE_GRACE
-from protocol import VERSION, Call, Hello, Limits, Ping, Pong, Result, ToolSpec, Welcome, decode, encode
+from protocol import VERSION, Call, Limits, Result, ToolSpec, Welcome, encode
+from tests.support.hostile import HostileServer
+from tests.support.hostile import tool_entry as _tool
 
 SLACK = 3.0
-
-
-def _tool(**fields: Any) -> dict[str, Any]:
-    return {"name": "t", "signature": "()", **fields}
-
-
-class HostileServer:
-    """Answers ``hello`` with ``welcome`` (tools and limits as given, raw), ``ping`` with a pong that
-    always reports queued calls, and each call with the messages ``on_call`` returns (none: never)."""
-
-    def __init__(self, endpoint: str, tools: list[dict[str, Any]], limits: dict[str, Any],
-                 on_call: Callable[[Call], list[list[bytes]]]) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(endpoint)
-        self.welcome = [VERSION, b"welcome", msgpack.packb(
-            {"executor": "evil", "incarnation": 1, "tools": tools, "limits": limits})]
-        self.on_call = on_call
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
-        while not self.stop.is_set():
-            if not poller.poll(50):
-                continue
-            route, *frames = self.sock.recv_multipart()
-            msg = decode(frames)
-            if isinstance(msg, Hello):
-                self.sock.send_multipart([route, *self.welcome])
-            elif isinstance(msg, Ping):
-                self.sock.send_multipart([route, *encode(Pong(nonce=msg.nonce, executor="evil", incarnation=1,
-                                                              busy=1, queued=5))])
-            elif isinstance(msg, Call):
-                for reply in self.on_call(msg):
-                    self.sock.send_multipart([route, *reply])
-        self.sock.close(0)
-        self.ctx.term()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
 
 
 @pytest.fixture

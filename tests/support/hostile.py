@@ -1,15 +1,18 @@
-"""A hostile executor on a broker's backend, for the broker's red teams."""
+"""Hostile executors: one on a broker's backend (``HostileMember``, for the broker's red teams) and one
+in front of a client (``HostileServer``, for the client's and the template's red teams)."""
 
 from __future__ import annotations
 
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+import msgpack
 import zmq
 
-from protocol import Heartbeat, Ready, decode, encode
+from protocol import VERSION, Call, Heartbeat, Hello, Ping, Pong, Ready, decode, encode
 
 BOUND = 15.0  # seconds for any one expected message
 
@@ -68,6 +71,52 @@ class HostileMember:
             if isinstance(msg, kind):
                 return msg
         return None
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+
+def tool_entry(**fields: Any) -> dict[str, Any]:
+    """A tool as a welcome lists it, raw (a name and a signature unless ``fields`` say otherwise)."""
+    return {"name": "t", "signature": "()", **fields}
+
+
+class HostileServer:
+    """Answers ``hello`` with ``welcome`` (tools and limits as given, raw), ``ping`` with a pong that
+    always reports queued calls, and each call with the messages ``on_call`` returns (none: never)."""
+
+    def __init__(self, endpoint: str, tools: list[dict[str, Any]], limits: dict[str, Any],
+                 on_call: Callable[[Call], list[list[bytes]]]) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(endpoint)
+        self.welcome = [VERSION, b"welcome", msgpack.packb(
+            {"executor": "evil", "incarnation": 1, "tools": tools, "limits": limits})]
+        self.on_call = on_call
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        while not self.stop.is_set():
+            if not poller.poll(50):
+                continue
+            route, *frames = self.sock.recv_multipart()
+            msg = decode(frames)
+            if isinstance(msg, Hello):
+                self.sock.send_multipart([route, *self.welcome])
+            elif isinstance(msg, Ping):
+                self.sock.send_multipart([route, *encode(Pong(nonce=msg.nonce, executor="evil", incarnation=1,
+                                                              busy=1, queued=5))])
+            elif isinstance(msg, Call):
+                for reply in self.on_call(msg):
+                    self.sock.send_multipart([route, *reply])
+        self.sock.close(0)
+        self.ctx.term()
 
     def close(self) -> None:
         self.stop.set()
