@@ -7,7 +7,6 @@ import keyword
 import math
 import time
 import tracemalloc
-from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,7 @@ from protocol.codec import unpack
 from protocol.messages import BY_KIND, MESSAGE_TYPES
 from protocol.spec import Param
 from protocol.values import CONTAINER_COST, INT_MAX, INT_MIN, MAX_DEPTH, MAX_ELEMENTS
+from tests.support.bombs import BOMBS
 
 
 def read_file(path: str, start: int = 0) -> str:
@@ -543,26 +543,6 @@ def test_sender_and_receiver_agree_on_the_element_budget() -> None:
         encode(Call(id="c", tool="f", args=[0] * (n + 1)))
     over = msgpack.packb({"id": "c", "tool": "f", "args": [0] * (n + 1)})
     assert "more than" in str(_decode_error([VERSION, b"call", over]))
-
-
-def _array(n: int, item: bytes) -> bytes:
-    return b"\xdd" + n.to_bytes(4, "big") + item * n
-
-
-def _call_with_args(args: bytes) -> list[bytes]:
-    return [VERSION, b"call", b"\x83\xa2id\xa3c-1\xa4tool\xa1f\xa4args" + args]
-
-
-BOMBS: dict[str, Callable[[], list[bytes]]] = {
-    # The attacker's body: 16 M empty arrays inside the size cap (8-37 s and up to 4.9 GB before).
-    "16M-empty-arrays": lambda: _call_with_args(_array(16_000_000, b"\x90")),
-    "1000-arrays-of-16k-empty-arrays": lambda: _call_with_args(_array(1000, _array(16_000, b"\x90"))),
-    "4000-arrays-of-4k-empty-maps": lambda: _call_with_args(_array(4000, _array(4000, b"\x80"))),
-    "60-arrays-of-250k-short-strings": lambda: _call_with_args(_array(60, _array(250_000, b"\xa2ab"))),
-    "100-maps-of-130k-repeated-keys": lambda: _call_with_args(
-        _array(100, b"\xdf" + (130_000).to_bytes(4, "big") + b"\xa1a\x90" * 130_000)),
-    "deep-nesting": lambda: _call_with_args(b"\x91" * 1_000_000),
-}
 
 
 @pytest.mark.parametrize("make", [pytest.param(m, id=k) for k, m in BOMBS.items()])

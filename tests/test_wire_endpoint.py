@@ -26,9 +26,9 @@ import zmq
 from controller import ExecutorClient
 from controller.client import DEADLINE_GRACE
 from protocol import MAX_FRAME_BYTES, VERSION, Call, Ping, Pong, Report, Result, Status, decode, encode
+from tests.support.bombs import BOMBS
 from tests.support.executors import local_of
 from tests.support.net import free_port
-from tests.test_codec import BOMBS
 
 FAULTY = str(Path(__file__).parent / "tools" / "faulty.py")
 SERVE = [sys.executable, "-m", "executor.cli", "serve", "--tools", FAULTY]
