@@ -18,7 +18,9 @@ clients: finished calls go to ``on_done``, and it asks ``next_job`` for work whe
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
+import math
 import os
 import signal
 import socket
@@ -52,23 +54,47 @@ from protocol.timing import APPLY_GRACE  # hardened --workspace-rw: what a call 
 
 log = logging.getLogger("ciayn-executor")
 
+
+class Phase(enum.Enum):
+    """Where a worker process is, from the template's report that it exists to its exit (``reaped``:
+    it leaves the pool). One transition per method of ``WorkerPool``, named in each phase's line."""
+
+    READY = "ready"  # forked (and rehearsed), waiting for a call (``_spawned``)
+    STARTING = "starting"  # sent a call; it has not said it started the tool (``dispatch``)
+    RUNNING = "running"  # running its call's tool (``_started``); with ``applying``, applying its writes
+    CLOSED = "closed"  # its channel closed while it owed no answer: its exit status is awaited (``_closed``)
+    KILLED = "killed"  # sent SIGKILL: its exit is awaited (``_kill``); past KILL_GRACE, abandoned (``_abandon``)
+    ANSWERED = "answered"  # a fresh worker that answered its one call and stops by itself (``_retire``)
+    ENDED = "ended"  # an answered worker we killed, its teardown costing no answer its time (``_end``)
+
+
+# Every wait of a worker, in one place: how long it may stay in a phase before the loop acts
+# (``WorkerPool.EXPIRED``). STARTING and RUNNING also end at the call's deadline.
 TEMPLATE_ANSWER_TIMEOUT = 3.0  # a spawn request unanswered this long: the template is stopped or wedged
-EXIT_STATUS_WAIT = 2.0  # after a worker's channel closes, how long to wait for its exit status
-TEMPLATE_FRAME_LIMIT = 64 * 1024  # the template's messages after start-up are tiny (Spawned, Exited)
-SWEEP_INTERVAL = 0.2  # reused workers: the template kills stray children at most this often (it costs a /proc read)
-START_TIMEOUT = 2.0  # a worker that does not say it started a call this long after getting it is replaced
-RETIRE_GRACE = 2.0  # a worker that answered its one call must exit within this, or it is killed
-IDLE_READ_LIMIT = 64 * 1024  # what a worker with no call may send before it is cut off (it should send nothing)
+START_TIMEOUT = 2.0  # STARTING: a worker that does not say it started a call this long after getting it is replaced
+EXIT_STATUS_WAIT = 2.0  # CLOSED: how long to wait for its exit status once its channel closed
+# KILLED: KILL_GRACE (executor.keeper), after SIGKILL, before its call is answered and it is abandoned
+REFILL_MAX_DELAY = 0.02  # ANSWERED: killed this long after its answer (or when new workers are made)
+RETIRE_GRACE = 2.0  # ENDED: a killed answered worker whose exit is not reported by then is forgotten
+WAIT = {Phase.STARTING: START_TIMEOUT, Phase.CLOSED: EXIT_STATUS_WAIT, Phase.KILLED: KILL_GRACE,
+        Phase.ANSWERED: REFILL_MAX_DELAY, Phase.ENDED: RETIRE_GRACE}
 REFILL_QUIET = 0.002  # fresh workers: a replacement is forked once the pool has been quiet this long...
-REFILL_MAX_DELAY = 0.02  # ...or this long after it was first due, whichever comes first
+# ...or REFILL_MAX_DELAY after it was first due, whichever comes first
+SWEEP_INTERVAL = 0.2  # reused workers: the template kills stray children at most this often (it costs a /proc read)
 SPIN_AFTER_DISPATCH = 0.0003  # seconds of polling without sleep after a dispatch (quick calls' replies)
 POLL_MAX_S = 1.0
+
+TEMPLATE_FRAME_LIMIT = 64 * 1024  # the template's messages after start-up are tiny (Spawned, Exited)
+IDLE_READ_LIMIT = 64 * 1024  # what a worker with no call may send before it is cut off (it should send nothing)
 MAX_ABANDONED = 64  # processes that would not die, remembered for the log
+
+LIVE = (Phase.READY, Phase.STARTING, Phase.RUNNING)  # a worker that can still answer a call
+GONE = (Phase.ANSWERED, Phase.ENDED)  # its descriptors closed: only its exit is awaited
 
 
 @dataclass
-class Slot:
-    """One worker process, from the template's report that it exists to its death or retirement."""
+class Worker:
+    """One worker process of the pool, and the call it runs."""
 
     id: int
     pid: int
@@ -76,22 +102,20 @@ class Slot:
     reader: framing.Reader
     out_fd: int
     err_fd: int
+    phase: Phase = Phase.READY
+    since: float = 0.0  # when it entered its phase
+    due: float = math.inf  # when the loop must act on it (its phase's wait; a call's deadline)
     job: Job | None = None
-    started: bool = False  # the worker said it started the job's tool (before that, the job never ran)
+    started: bool = False  # it said it started the job's tool (before that, the job never ran)
     applying: bool = False  # its keeper said the call answered and its writes are being applied
-    start_by: float = 0.0  # when it must have said so
-    closed_at: float = 0.0  # when the channel closed and we await the exit status
-    killed_at: float = 0.0  # when we sent SIGKILL
     seq: int = 0  # number of the request in flight: a reply must carry it
     outbuf: bytearray = field(default_factory=bytearray)  # request bytes the worker has not taken yet
 
-    @property
-    def killed(self) -> bool:
-        return self.killed_at > 0
-
-    @property
-    def idle(self) -> bool:
-        return self.job is None and not self.killed and not self.closed_at
+    def enter(self, phase: Phase, now: float) -> None:
+        self.phase, self.since = phase, now
+        self.due = now + WAIT.get(phase, math.inf)
+        if self.job is not None and phase in (Phase.STARTING, Phase.RUNNING, Phase.CLOSED):
+            self.due = min(self.due, self.job.deadline)
 
 
 class WorkerPool:
@@ -109,19 +133,17 @@ class WorkerPool:
     ) -> None:
         self.config = config
         self.limits = config.limits
+        self.executor_id = config.name
         # --profile hardened: the layers every result names, and whether workers say ``Applying``
         self.layers = list(config.confinement.names) if config.confinement is not None else []
         self.keeps_workspace = config.confinement is not None and config.confinement.keeper
-        self.executor_id = config.name
         self.size = max(1, size)
         self.on_done = on_done
         self.next_job = next_job
         self.requeue = requeue
         self.queued = queued  # how many calls wait for a worker
-        self.slots: dict[int, Slot] = {}  # live workers by id
-        self.spawning: dict[int, float] = {}  # worker id -> when the template was asked for it
-        self.retiring: dict[int, float] = {}  # pid -> when it answered its one call (it stops or exits by itself)
-        self.ended: set[int] = set()  # retiring workers we have killed (their exit is on its way)
+        self.workers: dict[int, Worker] = {}  # by id, from the template's Spawned to the worker's Exited
+        self.asked: dict[int, float] = {}  # worker id -> when the template was asked for it (it owes a Spawned)
         self.abandoned: dict[int, str] = {}  # pid -> why: killed, but it did not die
         # A pidfd for every worker process from its Spawned to its Exited (``_signal``): a kill
         # through it can never reach another process that got the same pid after the worker's end.
@@ -130,13 +152,17 @@ class WorkerPool:
         self.next_id = 0
         self.keeper = TemplateKeeper(config)  # the template process: start, replace, back off, stop
         self.poller: zmq.Poller | None = None
-        self.fd_owner: dict[int, tuple[Slot, str]] = {}
+        self.fd_owner: dict[int, tuple[Worker, str]] = {}
         self.spin_until = 0.0
         self.refill_at = 0.0  # fresh workers: when the deferred replacement is forked (0: none due)
         self.refill_first = 0.0  # when it first became due
         self.sweep_due = False  # reused workers: the template should kill its stray children soon
         self.swept_at = 0.0
         self.stopping = False
+        self.EXPIRED: dict[Phase, Callable[[Worker, float], None]] = {
+            Phase.STARTING: self._start_expired, Phase.RUNNING: self._run_expired, Phase.CLOSED: self._close_expired,
+            Phase.KILLED: lambda w, now: self._abandon(w, f"it did not die within {KILL_GRACE:g} s of SIGKILL"),
+            Phase.ANSWERED: lambda w, now: self._end(w, now), Phase.ENDED: self._end_expired}
 
     # ---------------------------------------------------------------- start-up and shutdown
 
@@ -169,9 +195,10 @@ class WorkerPool:
 
     def stop(self) -> None:
         self.stopping = True
-        for slot in list(self.slots.values()):
-            self._signal(slot.pid)
-            self._close_slot(slot)
+        for worker in list(self.workers.values()):
+            self._signal(worker.pid)
+            self._close(worker)
+        self.workers.clear()
         self.keeper.stop()
         self._close_pidfds()
         self._remove_groups()
@@ -190,20 +217,18 @@ class WorkerPool:
         they had not started yet go back to the queue."""
         log.error("the template process %s; replacing it", why)
         self.keeper.discard()
-        for slot in list(self.slots.values()):
-            self._kill(slot, "its template is gone")  # first: a killed worker runs no more code
-        for slot in list(self.slots.values()):
-            if slot.job is not None and not self._unstarted(slot) and slot.job is not None:
-                job = slot.job
-                slot.job = None
+        for worker in list(self.workers.values()):
+            self._kill(worker, "its template is gone")  # first: a killed worker runs no more code
+        for worker in list(self.workers.values()):
+            if worker.job is not None and not self._unstarted(worker) and worker.job is not None:
+                job, worker.job = worker.job, None
                 result = job.outcome or Result.failure(
                     job.call_id, "crashed",
                     f"the executor's template process {why}; the worker running this call was killed with it")
-                self._answer(job, result, slot, restarted=True)
-            self._close_slot(slot)
-        self.spawning.clear()
-        self.retiring.clear()
-        self.ended.clear()
+                self._answer(job, result, worker, restarted=True)
+            self._close(worker)
+        self.workers.clear()
+        self.asked.clear()
         self._close_pidfds()  # the old template's workers are dead or abandoned: never signalled again
         kill_children(wait=REPLACE_WAIT)  # the old template's orphans came to us (what SIGKILL cannot stop is left)
         self._remove_groups()
@@ -214,33 +239,28 @@ class WorkerPool:
     # ---------------------------------------------------------------- the loop's view
 
     def busy(self) -> int:
-        return sum(1 for s in self.slots.values() if s.job is not None)
+        return sum(1 for w in self.workers.values() if w.job is not None)
 
     def ready(self) -> int:
-        return sum(1 for s in self.slots.values() if s.idle)
+        return sum(1 for w in self.workers.values() if w.phase is Phase.READY)
+
+    def applying(self) -> list[str]:
+        """Calls whose keeper said they answered and their workspace writes are being applied."""
+        return [w.job.call_id for w in self.workers.values() if w.applying and w.job is not None]
 
     def spinning(self, now: float) -> bool:
         return now < self.spin_until
 
     def timeout_s(self, now: float) -> float:
         """How long the loop may sleep before a deadline or a wait needs it."""
-        wait = POLL_MAX_S
-        for slot in self.slots.values():
-            if slot.job is not None and not slot.killed:
-                wait = min(wait, slot.job.deadline - now)
-            if slot.killed:
-                wait = min(wait, slot.killed_at + KILL_GRACE - now)
-            if slot.closed_at:
-                wait = min(wait, slot.closed_at + EXIT_STATUS_WAIT - now)
-        for asked in self.spawning.values():
-            wait = min(wait, asked + TEMPLATE_ANSWER_TIMEOUT - now)
-        for pid, answered in self.retiring.items():
-            wait = min(wait, answered + (RETIRE_GRACE if pid in self.ended else REFILL_MAX_DELAY) - now)
+        wait = min((w.due for w in self.workers.values()), default=POLL_MAX_S + now) - now
+        if self.asked:
+            wait = min(wait, min(self.asked.values()) + TEMPLATE_ANSWER_TIMEOUT - now)
         if self.refill_at:
             wait = min(wait, self.refill_at - now)
         if self.sweep_due:
             wait = min(wait, self.swept_at + SWEEP_INTERVAL - now)
-        return min(wait, self.keeper.due(now))
+        return min(wait, POLL_MAX_S, self.keeper.due(now))
 
     def handle(self, events: dict[Any, int]) -> None:
         """Serve the pool's descriptors among the poller's events: workers first, so that a reply is
@@ -249,46 +269,47 @@ class WorkerPool:
             owner = self.fd_owner.get(fd) if isinstance(fd, int) else None
             if owner is None:
                 continue
-            slot, what = owner
+            worker, what = owner
             if what != "chan":
-                self._on_output(slot, fd, what)
+                self._on_output(worker, fd, what)
             else:
                 if mask & zmq.POLLOUT:
-                    self._flush(slot)
-                if mask & ~zmq.POLLOUT and slot.id in self.slots:
-                    self._on_worker(slot)
+                    self._flush(worker)
+                if mask & ~zmq.POLLOUT and worker.id in self.workers:
+                    self._on_worker(worker)
         if self.keeper.channel is not None and self.keeper.fd in events:
             self._on_template()
 
     def cancel(self, job: Job, outcome: Result) -> bool:
         """Stop a running job; its answer is ``outcome``. False if no worker runs it."""
-        slot = next((s for s in self.slots.values() if s.job is job), None)
-        if slot is None:
+        worker = next((w for w in self.workers.values() if w.job is job), None)
+        if worker is None:
             return False
         job.outcome = outcome
-        self._kill(slot, "cancelled")
+        self._kill(worker, "cancelled")
         return True
 
     def dispatch(self) -> None:
-        """Hand queued calls to ready workers, at most ``size`` running at once."""
+        """Hand queued calls to ready workers (READY -> STARTING), at most ``size`` running at once."""
         while self.busy() < self.size:
-            slot = next((s for s in self.slots.values() if s.idle), None)
-            if slot is None:
+            worker = next((w for w in self.workers.values() if w.phase is Phase.READY), None)
+            if worker is None:
                 break
             job = self.next_job()
             if job is None:
                 break
-            job.started = time.monotonic()
-            job.deadline = job.started + job.limits.timeout_s
-            slot.job = job
-            slot.started, slot.start_by, slot.applying = False, job.started + START_TIMEOUT, False
-            slot.seq += 1
-            slot.reader.limit = reply_cap(job.limits)
-            self.spin_until = time.monotonic() + SPIN_AFTER_DISPATCH
-            request = CallRequest(seq=slot.seq, tool=job.call.tool, args=job.call.args, kwargs=job.call.kwargs,
+            now = time.monotonic()
+            job.started = now
+            job.deadline = now + job.limits.timeout_s
+            worker.job, worker.started, worker.applying = job, False, False
+            worker.enter(Phase.STARTING, now)
+            worker.seq += 1
+            worker.reader.limit = reply_cap(job.limits)
+            self.spin_until = now + SPIN_AFTER_DISPATCH
+            request = CallRequest(seq=worker.seq, tool=job.call.tool, args=job.call.args, kwargs=job.call.kwargs,
                                   limits=job.limits.model_dump() if job.limits is not self.limits else None)
-            slot.outbuf += framing.pack(request.to_wire())
-            self._flush(slot)
+            worker.outbuf += framing.pack(request.to_wire())
+            self._flush(worker)
         self._refill(urgent=False)
 
     def _refill(self, urgent: bool = True) -> None:
@@ -304,24 +325,27 @@ class WorkerPool:
         if channel is None or self.stopping:
             return
         if self.config.reuse:
-            want = self.size - len([s for s in self.slots.values() if not s.killed and not s.closed_at])
+            want = self.size - sum(1 for w in self.workers.values() if w.phase in LIVE)
         else:
             want = self.size - self.ready()
-        missing = want - len(self.spawning)
-        if missing > 0 and not urgent and not self.config.reuse and not (self.queued() and not self.ready()):
-            now = time.monotonic()
+        missing = want - len(self.asked)
+        waiting = bool(self.queued()) and not self.ready()  # a call waits for a worker while none is ready
+        now = time.monotonic()
+        if missing > 0 and not urgent and not self.config.reuse and not waiting:
             if not self.refill_at:
                 self.refill_first = now
             self.refill_at = min(self.refill_first + REFILL_MAX_DELAY, now + REFILL_QUIET)
             return
         self.refill_at = 0.0
-        self._end_retired(time.monotonic(), every=missing > 0)
+        if missing > 0:  # the answered workers' teardown goes before the new ones' forks
+            for worker in [w for w in self.workers.values() if w.phase is Phase.ANSWERED]:
+                self._end(worker, now)
         # A worker made while a call waits with none ready is needed at once: a rehearsal would only
         # delay it. One made ahead (at start, or once the pool is quiet) takes its faults before its call.
-        rehearse = not self.config.reuse and not (self.queued() and not self.ready())
+        rehearse = not self.config.reuse and not waiting
         for _ in range(missing):
             self.next_id += 1
-            self.spawning[self.next_id] = time.monotonic()
+            self.asked[self.next_id] = now
             try:
                 framing.send(channel, Spawn(worker=self.next_id, rehearse=rehearse).to_wire())
             except OSError:
@@ -336,42 +360,54 @@ class WorkerPool:
             self.sweep_due, self.swept_at = False, now
             with contextlib.suppress(OSError):
                 framing.send(channel, Sweep().to_wire())
-        for slot in list(self.slots.values()):
-            job = slot.job
-            if job is not None and not slot.killed and not slot.started and now >= slot.start_by:
-                # Stopped before it could read the call (a tool may SIGSTOP the workers forked ahead).
-                self._kill(slot, f"it did not start call {job.call_id} within {START_TIMEOUT:g} s")
-            elif job is not None and not slot.killed and now >= job.deadline:
-                job.outcome = Result.failure(
-                    job.call_id, "timeout",
-                    f"the tool ran past its {job.asked_s:g} s time limit and was killed"
-                    + (f" ({job.asked_s - job.limits.timeout_s:.2g} s of it spent waiting in the queue)"
-                       if job.asked_s - job.limits.timeout_s >= 0.01 else ""))
-                self._kill(slot, f"call {job.call_id} timed out")
-            elif slot.killed and now >= slot.killed_at + KILL_GRACE:
-                # SIGKILL has not taken effect (uninterruptible sleep): answer now, do not wait.
-                self._abandon(slot, f"it did not die within {KILL_GRACE:g} s of SIGKILL")
-            elif slot.closed_at and now >= slot.closed_at + EXIT_STATUS_WAIT:
-                # The channel is gone but the process is not (a tool closed inherited fds): it can
-                # never answer again, so kill it and let the template report its death.
-                if job is not None and job.outcome is None:
-                    job.outcome = Result.failure(
-                        job.call_id, "crashed",
-                        "the tool closed the worker's channel to the executor; the worker was killed")
-                self._kill(slot, "its channel closed but it did not exit")
-        self._end_retired(now)
-        for pid, answered in list(self.retiring.items()):
-            if now >= answered + RETIRE_GRACE:
-                del self.retiring[pid]
-                if pid not in self.ended:
-                    log.warning("worker pid %d answered its call but did not exit; killing it", pid)
-                self.ended.discard(pid)
-                self._signal(pid)
-        if self.keeper.serving and any(now >= t + TEMPLATE_ANSWER_TIMEOUT for t in self.spawning.values()):
+        for worker in [w for w in self.workers.values() if now >= w.due]:
+            if self.workers.get(worker.id) is worker and now >= worker.due:  # (an earlier one may have moved it)
+                self.EXPIRED[worker.phase](worker, now)
+        if self.keeper.serving and any(now >= t + TEMPLATE_ANSWER_TIMEOUT for t in self.asked.values()):
             self._replace_template(f"did not answer a spawn request within {TEMPLATE_ANSWER_TIMEOUT:g} s "
                                    "(stopped or wedged)")
 
-    # ---------------------------------------------------------------- workers
+    # ---------------------------------------------------------------- a phase's wait ran out
+
+    def _start_expired(self, worker: Worker, now: float) -> None:
+        """STARTING: stopped before it could read the call (a tool may SIGSTOP the workers forked
+        ahead), or the call's deadline came first."""
+        if now >= worker.since + START_TIMEOUT:
+            assert worker.job is not None
+            self._kill(worker, f"it did not start call {worker.job.call_id} within {START_TIMEOUT:g} s")
+        else:
+            self._run_expired(worker, now)
+
+    def _run_expired(self, worker: Worker, now: float) -> None:
+        """RUNNING (or STARTING, or CLOSED) past the call's deadline: answered ``timeout``."""
+        job = worker.job
+        assert job is not None
+        job.outcome = Result.failure(
+            job.call_id, "timeout",
+            f"the tool ran past its {job.asked_s:g} s time limit and was killed"
+            + (f" ({job.asked_s - job.limits.timeout_s:.2g} s of it spent waiting in the queue)"
+               if job.asked_s - job.limits.timeout_s >= 0.01 else ""))
+        self._kill(worker, f"call {job.call_id} timed out")
+
+    def _close_expired(self, worker: Worker, now: float) -> None:
+        """CLOSED: the channel is gone but the process is not (a tool closed inherited fds): it can
+        never answer again, so kill it and let the template report its death."""
+        job = worker.job
+        if job is not None and now >= job.deadline:
+            self._run_expired(worker, now)
+            return
+        if job is not None and job.outcome is None:
+            job.outcome = Result.failure(job.call_id, "crashed",
+                                         "the tool closed the worker's channel to the executor; the worker was killed")
+        self._kill(worker, "its channel closed but it did not exit")
+
+    def _end_expired(self, worker: Worker, now: float) -> None:
+        """ENDED: killed after its answer, and its exit still not reported: forget it."""
+        log.warning("worker pid %d answered its call but did not exit; killing it", worker.pid)
+        self._signal(worker.pid)
+        self.workers.pop(worker.id, None)
+
+    # ---------------------------------------------------------------- the template's reports
 
     def _on_template(self) -> None:
         assert self.keeper.channel is not None
@@ -389,57 +425,65 @@ class WorkerPool:
             self._replace_template(f"sent something that is not one of its messages ({e}): did a tool write on "
                                    "its channel?")
             return
-        if isinstance(msg, Spawned) and len(fds) >= 3 and (host := self._host_pid(msg.pid, fds[3:4])) <= 0:
+        if isinstance(msg, Spawned) and len(fds) >= 3:
+            self._spawned(msg, fds)
+            fds = fds[4:]
+        elif isinstance(msg, Exited):
+            self._exited(msg)
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _spawned(self, msg: Spawned, fds: list[int]) -> None:
+        """-> READY: the template forked the worker it was asked for, and sent its descriptors
+        (channel, stdout, stderr and, where it can, a pidfd)."""
+        self.asked.pop(msg.worker, None)
+        host = self._host_pid(msg.pid, fds[3:4])
+        if host <= 0:
             log.warning("worker %d (pid %d in the template's namespace) was gone before it could be used",
                         msg.worker, msg.pid)
-            self.spawning.pop(msg.worker, None)
-            for fd in fds:
+            for fd in fds[:4]:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             self._refill(urgent=bool(self.queued()))
             return
-        elif isinstance(msg, Spawned) and len(fds) >= 3:
-            self.keeper.made_worker = True
-            wid = msg.worker
-            self.spawning.pop(wid, None)
-            if len(fds) >= 4:
-                self.have_pidfds = True
-                self._forget_pidfd(host)  # (a stale one: never, as its Exited closes it first)
-                self.pidfds[host] = fds[3]
-            chan = socket.socket(fileno=fds[0])
-            slot = Slot(id=wid, pid=host, chan=chan, reader=framing.Reader(chan, IDLE_READ_LIMIT),
-                        out_fd=fds[1], err_fd=fds[2])
-            os.set_blocking(slot.out_fd, False)
-            os.set_blocking(slot.err_fd, False)
-            self.slots[wid] = slot
-            for fd, what in ((chan.fileno(), "chan"), (slot.out_fd, "stdout"), (slot.err_fd, "stderr")):
-                self.fd_owner[fd] = (slot, what)
-                if self.poller is not None:
-                    self.poller.register(fd, zmq.POLLIN)
-            log.debug("worker %d ready (pid %d)", slot.id, slot.pid)
-            self.dispatch()
-        elif isinstance(msg, Exited):
-            pid = self.keeper.host_pids.forget(msg.pid) if self.keeper.host_pids is not None else msg.pid
-            if pid <= 0:
-                return  # a worker that was gone before we knew it (logged then)
-            self._forget_pidfd(pid)  # it is dead and reaped: its pid may be another process's now
-            self.ended.discard(pid)
-            if self.retiring.pop(pid, None) is not None:
-                return  # a fresh worker that answered its one call and exited, as it should
-            if pid in self.abandoned:
-                log.warning("abandoned worker pid %d finally exited (%s)", pid, self.abandoned.pop(pid))
-                return
-            dead = next((s for s in self.slots.values() if s.pid == pid), None)
-            if dead is not None and dead.job is not None:
-                self._on_worker(dead)  # a reply it sent before it exited is still in the channel: read it first
-                if dead.id not in self.slots:
-                    self.retiring.pop(pid, None)
-                    return
-            if dead is not None:
-                self._worker_gone(dead, msg.signal, msg.code, oom=msg.oom, cpu_s=msg.cpu_s, peak_rss_kb=msg.peak_rss_kb)
-        for fd in fds[4:] if isinstance(msg, Spawned) else fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self.keeper.made_worker = True
+        if len(fds) >= 4:
+            self.have_pidfds = True
+            self._forget_pidfd(host)  # (a stale one: never, as its Exited closes it first)
+            self.pidfds[host] = fds[3]
+        chan = socket.socket(fileno=fds[0])
+        worker = Worker(id=msg.worker, pid=host, chan=chan, reader=framing.Reader(chan, IDLE_READ_LIMIT),
+                        out_fd=fds[1], err_fd=fds[2], since=time.monotonic())
+        os.set_blocking(worker.out_fd, False)
+        os.set_blocking(worker.err_fd, False)
+        self.workers[worker.id] = worker
+        for fd, what in ((chan.fileno(), "chan"), (worker.out_fd, "stdout"), (worker.err_fd, "stderr")):
+            self.fd_owner[fd] = (worker, what)
+            if self.poller is not None:
+                self.poller.register(fd, zmq.POLLIN)
+        log.debug("worker %d ready (pid %d)", worker.id, worker.pid)
+        self.dispatch()
+
+    def _exited(self, msg: Exited) -> None:
+        """-> reaped: the template reaped a worker. An answered one leaves quietly; one that owed an
+        answer has it made from how it died (after reading what it sent before it died)."""
+        pid = self.keeper.host_pids.forget(msg.pid) if self.keeper.host_pids is not None else msg.pid
+        if pid <= 0:
+            return  # a worker that was gone before we knew it (logged then)
+        self._forget_pidfd(pid)  # it is dead and reaped: its pid may be another process's now
+        if pid in self.abandoned:
+            log.warning("abandoned worker pid %d finally exited (%s)", pid, self.abandoned.pop(pid))
+            return
+        dead = next((w for w in self.workers.values() if w.pid == pid), None)
+        if dead is None:
+            return
+        if dead.job is not None and dead.phase not in GONE:
+            self._on_worker(dead)  # a reply it sent before it exited is still in the channel: read it first
+        if dead.phase in GONE:
+            self.workers.pop(dead.id, None)  # it answered its call and exited, as it should
+            return
+        self._worker_gone(dead, msg.signal, msg.code, oom=msg.oom, cpu_s=msg.cpu_s, peak_rss_kb=msg.peak_rss_kb)
 
     def _host_pid(self, pid: int, pidfd: list[int]) -> int:
         """A worker's host pid from the pid the template gave (its own, in its namespace) and, where
@@ -475,27 +519,29 @@ class WorkerPool:
         for pid in list(self.pidfds):
             self._forget_pidfd(pid)
 
-    def _flush(self, slot: Slot) -> None:
+    # ---------------------------------------------------------------- a worker's descriptors
+
+    def _flush(self, worker: Worker) -> None:
         """Send what the worker has not taken yet, never blocking: a worker still busy (a tool that
         faked its reply) must not stall the supervisor. What is left waits for POLLOUT."""
         try:
-            while slot.outbuf:
-                sent = slot.chan.send(slot.outbuf, socket.MSG_DONTWAIT)
-                del slot.outbuf[:sent]
+            while worker.outbuf:
+                sent = worker.chan.send(worker.outbuf, socket.MSG_DONTWAIT)
+                del worker.outbuf[:sent]
         except BlockingIOError:
             pass
         except OSError:
-            slot.outbuf.clear()  # the worker died; its channel's EOF will finish the job
-        flags = zmq.POLLIN | (zmq.POLLOUT if slot.outbuf else 0)
+            worker.outbuf.clear()  # the worker died; its channel's EOF will finish the job
+        flags = zmq.POLLIN | (zmq.POLLOUT if worker.outbuf else 0)
         if self.poller is not None:
             with contextlib.suppress(KeyError, zmq.ZMQError, ValueError):
-                self.poller.modify(slot.chan.fileno(), flags)
+                self.poller.modify(worker.chan.fileno(), flags)
 
-    def _on_output(self, slot: Slot, fd: int, what: str, running: bool = True) -> bool:
+    def _on_output(self, worker: Worker, fd: int, what: str, running: bool = True) -> bool:
         """Read one chunk of a worker's stdout/stderr; return whether anything was read. Over the
         cap, the call's outcome becomes ``output_limit``; the worker is killed only while it is still
         ``running`` the call (once it has replied, there is nothing left to stop)."""
-        job = slot.job
+        job = worker.job
         cap = (job.limits if job else self.limits).max_output_kb * 1024
         try:
             data = os.read(fd, 1 << 16)
@@ -516,85 +562,100 @@ class WorkerPool:
                                          f"the tool wrote more than {cap // 1024} KB to {what}"
                                          + ("; it was stopped" if running else ""))
             if running:
-                self._kill(slot, f"{what} over {cap // 1024} KB")
+                self._kill(worker, f"{what} over {cap // 1024} KB")
         return True
 
-    def _drain_output(self, slot: Slot) -> None:
+    def _drain_output(self, worker: Worker) -> None:
         """Read what the worker wrote before its reply (or death) so it lands in this call's result."""
-        for fd, what in ((slot.out_fd, "stdout"), (slot.err_fd, "stderr")):
+        for fd, what in ((worker.out_fd, "stdout"), (worker.err_fd, "stderr")):
             for _ in range(4096):  # bounded: a leftover writer cannot keep us here
-                if fd not in self.fd_owner or slot.job is None or slot.job.outcome is not None:
+                if fd not in self.fd_owner or worker.job is None or worker.job.outcome is not None:
                     break
-                if not self._on_output(slot, fd, what, running=False):
+                if not self._on_output(worker, fd, what, running=False):
                     break
 
-    def _on_worker(self, slot: Slot) -> None:
+    def _on_worker(self, worker: Worker) -> None:
+        """Read the worker's channel: a start (-> RUNNING), an apply notice, a reply (-> READY when
+        reused, else -> ANSWERED), or its end (-> CLOSED)."""
         try:
-            replies, closed = slot.reader.feed()
+            replies, closed = worker.reader.feed()
         except framing.FrameError as e:
             replies, closed = [], True
-            self._malformed(slot, e, "output_limit" if "limit" in str(e) else "crashed")
+            self._malformed(worker, e, "output_limit" if "limit" in str(e) else "crashed")
         for raw in replies:
-            job = slot.job
             try:
-                ack = Started.from_wire(raw)
-                if ack is not None:
-                    if job is None or ack.seq != slot.seq or slot.started:
-                        raise ChannelError("a start that does not match the request in flight")
-                    slot.started = True
+                if self._notice(worker, raw):
                     continue
-                applying = Applying.from_wire(raw) if self.keeps_workspace else None
-                if applying is not None:
-                    if job is None or applying.seq != slot.seq or not slot.started or slot.applying:
-                        raise ChannelError("an apply notice that does not match the request in flight")
-                    slot.applying = True  # once: the deadline moves at most APPLY_GRACE later
-                    if not slot.killed:
-                        job.deadline = max(job.deadline, time.monotonic() + APPLY_GRACE)
-                    continue
+                job = worker.job
                 reply = Reply.from_wire(raw)
-                if job is None or reply.seq != slot.seq:
+                if job is None or reply.seq != worker.seq:
                     # A reply to no request, or to another one: tool code wrote on the channel (a
                     # forged reply, then the real one). Never let it answer some other call.
                     raise ChannelError("a reply that does not match the request in flight")
                 memory = reply.error is not None and reply.error.get("kind") == "memory"
                 result = self._result_from_reply(job, reply)
             except (TypeError, ValueError) as e:  # ChannelError and pydantic's ValidationError are ValueErrors
-                self._malformed(slot, e)  # the call is answered when the worker's death is reported
+                self._malformed(worker, e)  # the call is answered when the worker's death is reported
                 break
-            self._drain_output(slot)
-            slot.job = None
+            self._drain_output(worker)
+            worker.job = None
             if job.outcome is not None:
                 # Decided here before the reply was read (output over the cap found while draining,
                 # or a deadline or cancel that raced the reply): that decision is the answer.
                 result = job.outcome.model_copy(update={
                     k: getattr(result, k) for k in ("stats", "limits", "executor", "stdout", "stderr")})
-            restarted = slot.killed or memory
-            self._answer(job, result, slot, restarted=restarted)
+            restarted = worker.phase is Phase.KILLED or memory
+            self._answer(job, result, worker, restarted=restarted)
             if restarted or not self.config.reuse:
-                self._retire(slot)  # it exits by itself (after a reply the worker is done or must go)
+                self._retire(worker)  # it exits by itself (after a reply the worker is done or must go)
                 break
-        if closed and slot.id in self.slots:
-            self._unregister(slot.chan.fileno())
-            if not slot.closed_at:
-                slot.closed_at = time.monotonic()
+            worker.enter(Phase.READY, time.monotonic())
+        if closed and worker.id in self.workers and worker.phase not in GONE:
+            self._unregister(worker.chan.fileno())
+            if worker.phase in LIVE:
+                self._closed(worker)
         self.dispatch()
         if self.config.reuse:
             self.sweep_due = True  # processes a call started with CLONE_PARENT went to the template
 
-    def _malformed(self, slot: Slot, problem: Exception, kind: str = "crashed") -> None:
+    def _notice(self, worker: Worker, raw: Any) -> bool:
+        """A ``Started`` (STARTING -> RUNNING) or, from a keeper, an ``Applying`` (its deadline moves
+        at most ``APPLY_GRACE`` later, once); False for anything else. Raises ``ChannelError`` for
+        one that does not match the request in flight."""
+        ack = Started.from_wire(raw)
+        if ack is not None:
+            if worker.job is None or ack.seq != worker.seq or worker.started:
+                raise ChannelError("a start that does not match the request in flight")
+            worker.started = True
+            if worker.phase is Phase.STARTING:
+                worker.enter(Phase.RUNNING, time.monotonic())
+            return True
+        applying = Applying.from_wire(raw) if self.keeps_workspace else None
+        if applying is None:
+            return False
+        job = worker.job
+        if job is None or applying.seq != worker.seq or not worker.started or worker.applying:
+            raise ChannelError("an apply notice that does not match the request in flight")
+        worker.applying = True
+        if worker.phase is Phase.RUNNING:
+            job.deadline = max(job.deadline, time.monotonic() + APPLY_GRACE)
+            worker.due = job.deadline
+        return True
+
+    def _malformed(self, worker: Worker, problem: Exception, kind: str = "crashed") -> None:
         """The worker's channel carried something our worker code never sends: tool code wrote on
         it. Nothing more it says can be trusted; replace it."""
-        log.error("worker %d sent a malformed message (%s); replacing it", slot.id, problem)
-        if slot.job is not None and slot.job.outcome is None:
+        log.error("worker %d sent a malformed message (%s); replacing it", worker.id, problem)
+        if worker.job is not None and worker.job.outcome is None:
             if kind == "output_limit":
-                slot.job.outcome = Result.failure(slot.job.call_id, "output_limit",
-                                                  f"the worker's reply was too large ({problem}); it was killed")
+                worker.job.outcome = Result.failure(worker.job.call_id, "output_limit",
+                                                    f"the worker's reply was too large ({problem}); it was killed")
             else:
-                slot.job.outcome = Result.failure(
-                    slot.job.call_id, "crashed",
+                worker.job.outcome = Result.failure(
+                    worker.job.call_id, "crashed",
                     "the worker sent the executor a malformed message (did the tool write to a descriptor it "
                     "inherited?); it was killed")
-        self._kill(slot, "malformed message")
+        self._kill(worker, "malformed message")
 
     def _result_from_reply(self, job: Job, reply: Reply) -> Result:
         """Build the result from a worker's reply (its fields' types already checked by
@@ -618,9 +679,9 @@ class WorkerPool:
             executor=self.executor_id,
         )
 
-    def _answer(self, job: Job, result: Result, slot: Slot, *, restarted: bool) -> None:
+    def _answer(self, job: Job, result: Result, worker: Worker, *, restarted: bool) -> None:
         """Complete a result with what the pool knows (worker, output, limits) and hand it on."""
-        result.worker = WorkerInfo.model_construct(id=slot.id, pid=slot.pid, incarnation=slot.id,
+        result.worker = WorkerInfo.model_construct(id=worker.id, pid=worker.pid, incarnation=worker.id,
                                                    restarted=restarted, layers=self.layers)
         result.stdout = job.stdout.decode(errors="replace") if job.stdout else ""
         result.stderr = job.stderr.decode(errors="replace") if job.stderr else ""
@@ -628,100 +689,105 @@ class WorkerPool:
         result.executor = self.executor_id
         self.on_done(job, result)
 
-    def _kill(self, slot: Slot, why: str) -> None:
-        if not slot.killed:
-            log.info("killing worker %d (pid %d): %s", slot.id, slot.pid, why)
-            slot.killed_at = time.monotonic()
-            self._signal(slot.pid)
+    # ---------------------------------------------------------------- transitions
 
-    def _end_retired(self, now: float, every: bool = False) -> None:
-        """Kill the fresh workers that answered and stopped themselves (``worker_loop``): all of them
-        (``every``) when new ones are made (once the executor is quiet, or at once if a call waits for
-        one), else those that answered ``REFILL_MAX_DELAY`` ago. Their teardown then costs no answer
-        its time. Their exits are reported as usual."""
-        for pid, answered in self.retiring.items():
-            if pid not in self.ended and (every or now >= answered + REFILL_MAX_DELAY):
-                self.ended.add(pid)
-                self._signal(pid)
+    def _closed(self, worker: Worker) -> None:
+        """-> CLOSED: its channel ended while it could still owe an answer; its exit is awaited."""
+        worker.enter(Phase.CLOSED, time.monotonic())
+        if worker.job is not None and not worker.started:
+            worker.due = min(worker.due, worker.since + START_TIMEOUT)
 
-    def _retire(self, slot: Slot) -> None:
-        """Forget a worker that is done (answered its one call, or was killed): its exit is expected
-        within ``RETIRE_GRACE``, else it is killed."""
-        self.retiring[slot.pid] = time.monotonic()
-        self._close_slot(slot)
+    def _kill(self, worker: Worker, why: str) -> None:
+        """-> KILLED (an answered worker -> ENDED): SIGKILL, its exit then awaited."""
+        if worker.phase in (Phase.KILLED, Phase.ENDED):
+            return
+        if worker.phase is Phase.ANSWERED:
+            self._end(worker, time.monotonic())
+            return
+        log.info("killing worker %d (pid %d): %s", worker.id, worker.pid, why)
+        worker.enter(Phase.KILLED, time.monotonic())
+        self._signal(worker.pid)
+
+    def _retire(self, worker: Worker) -> None:
+        """-> ANSWERED (a killed one -> ENDED): done with its one call, or killed; its descriptors
+        are closed and its exit expected, else it is killed (``_end``)."""
+        now = time.monotonic()
+        worker.enter(Phase.ENDED if worker.phase is Phase.KILLED else Phase.ANSWERED, now)
+        self._close(worker)
         self._refill(urgent=False)
 
-    def _abandon(self, slot: Slot, why: str) -> None:
-        """Answer the call of a worker that will not die and forget the worker; its exit, if it ever
-        comes, is only logged. Its slot is refilled at once."""
-        log.error("worker %d (pid %d) %s; its call is answered and the process abandoned", slot.id, slot.pid, why)
-        self._unstarted(slot)
-        job = slot.job
+    def _end(self, worker: Worker, now: float) -> None:
+        """ANSWERED -> ENDED: kill a fresh worker that answered and stopped itself (``worker_loop``),
+        ``REFILL_MAX_DELAY`` after its answer or when new workers are made, so that its teardown
+        costs no answer its time. Its exit is reported as usual."""
+        worker.enter(Phase.ENDED, now)
+        self._signal(worker.pid)
+
+    def _abandon(self, worker: Worker, why: str) -> None:
+        """KILLED -> gone: answer the call of a worker that will not die and forget the worker; its
+        exit, if it ever comes, is only logged. Its slot is refilled at once."""
+        log.error("worker %d (pid %d) %s; its call is answered and the process abandoned", worker.id, worker.pid,
+                  why)
+        self._unstarted(worker)
+        job = worker.job
         if job is not None:
-            slot.job = None
-            self._drain_output(slot)
+            worker.job = None
+            self._drain_output(worker)
             result = job.outcome or Result.failure(job.call_id, "crashed", f"the worker {why}")
             result.stats = Stats(wall_s=time.monotonic() - job.started)
-            self._answer(job, result, slot, restarted=True)
-        self.abandoned[slot.pid] = why
-        self._trim_abandoned()
-        self._close_slot(slot)
-        self.dispatch()
-
-    def _trim_abandoned(self) -> None:
+            self._answer(job, result, worker, restarted=True)
+        self.abandoned[worker.pid] = why
         while len(self.abandoned) > MAX_ABANDONED:
             pid = next(iter(self.abandoned))
             self.abandoned.pop(pid)
             self._forget_pidfd(pid)
+        self._close(worker)
+        self.workers.pop(worker.id, None)
+        self.dispatch()
 
-    def _unstarted(self, slot: Slot) -> bool:
+    def _unstarted(self, worker: Worker) -> bool:
         """Whether the job of a dead (or abandoned) worker never started: read what is left on the
         channel first (a start or a reply sent before the end), then, if it never started and nothing
         but the pool's own start-timeout decided its fate, put it back in the queue for another worker."""
-        if slot.job is not None and slot.chan.fileno() in self.fd_owner:
-            self._on_worker(slot)
-        job = slot.job
-        if job is None or slot.started or self.requeue is None:
+        if worker.job is not None and worker.chan.fileno() in self.fd_owner:
+            self._on_worker(worker)
+        job = worker.job
+        if job is None or worker.started or self.requeue is None:
             return False
         if job.outcome is not None and job.outcome.error is not None and job.outcome.error.kind == "cancelled":
             return False
-        slot.job = None
-        log.info("call %s never started in worker %d; queued again", job.call_id, slot.id)
+        worker.job = None
+        log.info("call %s never started in worker %d; queued again", job.call_id, worker.id)
         self.requeue(job)
         return True
 
-    def _worker_gone(self, slot: Slot, sig: int, code: int | None, oom: bool = False,
+    def _worker_gone(self, worker: Worker, sig: int, code: int | None, oom: bool = False,
                      cpu_s: float = 0.0, peak_rss_kb: int = 0) -> None:
-        """The worker process is dead: finish its call, free its slot, make a new one."""
-        if self._unstarted(slot):
-            self._close_slot(slot)
-            self.dispatch()
-            return
-        job = slot.job
-        if job is not None:
-            slot.job = None
-            self._drain_output(slot)
-            wall = time.monotonic() - job.started
+        """-> reaped, owing an answer: finish its call from how it died, make a new worker."""
+        if not self._unstarted(worker) and (job := worker.job) is not None:
+            worker.job = None
+            self._drain_output(worker)
             result = job.outcome or _death_result(job, sig, code, oom, cpu_s)
             assert result.error is not None
             if result.error.kind == "crashed":
                 result.error.signal = sig or None
-            result.stats = Stats(wall_s=wall, cpu_s=cpu_s, peak_rss_kb=peak_rss_kb)
-            self._answer(job, result, slot, restarted=True)
-        self._close_slot(slot)
+            result.stats = Stats(wall_s=time.monotonic() - job.started, cpu_s=cpu_s, peak_rss_kb=peak_rss_kb)
+            self._answer(job, result, worker, restarted=True)
+        self._close(worker)
+        self.workers.pop(worker.id, None)
         self.dispatch()
 
-    def _close_slot(self, slot: Slot) -> None:
-        for fd in (slot.chan.fileno(), slot.out_fd, slot.err_fd):
+    def _close(self, worker: Worker) -> None:
+        """Close the worker's descriptors (it stays in the pool until its exit is reported)."""
+        for fd in (worker.chan.fileno(), worker.out_fd, worker.err_fd):
             self._unregister(fd)
-        slot.chan.close()
-        for fd in (slot.out_fd, slot.err_fd):
+        worker.chan.close()
+        for fd in (worker.out_fd, worker.err_fd):
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        slot.out_fd = slot.err_fd = -1
-        slot.outbuf.clear()
-        self.slots.pop(slot.id, None)
+        worker.out_fd = worker.err_fd = -1
+        worker.outbuf.clear()
 
     def _unregister(self, fd: int) -> None:
         if fd >= 0 and self.fd_owner.pop(fd, None) is not None and self.poller is not None:

@@ -200,7 +200,7 @@ class Supervisor:
     def _applying(self) -> list[str]:
         """Calls whose keeper said they answered and their workspace writes are being applied: the
         broker gives them its apply grace past their deadline (heartbeat ``applying``)."""
-        return [s.job.call_id for s in self.pool.slots.values() if s.applying and s.job is not None]
+        return self.pool.applying()
 
     def _ready(self) -> Ready:
         """What a linked executor announces to the broker on every (re)connection."""
