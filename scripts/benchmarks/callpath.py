@@ -34,12 +34,10 @@ from protocol import Call, ToolSpec, decode, encode
 from . import report, tools
 from .contestants import CHANNEL_REQUEST, ChannelEcho, ClientCalls, Dealer, ZmqEcho
 from .executors import Running, direct
-from .features import Features
 from .parse import measure
 from .peers import HEADER
 from .record import log, measured, summarize
 from .registry import Context, figure
-from .sizes import Sizes
 
 WORKER_REPLY: dict[str, Any] = {"ok": True, "value": None, "wall_s": 1.2e-6, "cpu_s": 0.0, "peak_rss_kb": 31337,
                                 "signals": [], "seq": 1}
@@ -194,10 +192,16 @@ def codec_steps(dealer: Dealer, repeat: int) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
+@figure(
+    "call_path",
+    "where a no-op call's time goes: timestamps per hop, CPU per process, the codec, both hops' floors",
+    order=30, chart=report.chart_call_path, table=report.table_call_path,
+)
+def call_path(context: Context) -> dict[str, Any]:
     """The breakdown is taken on the leanest path that exists (``--reuse-workers`` once built: the
     call path without a fork per call); where the default forks a fresh worker per call, that
     default is stamped alongside and the difference is the cost of a fresh worker."""
+    features, sizes, tmp = context.features, context.sizes, context.tmp
     lean = ["--reuse-workers"] if features.reuse_workers else []
     with contextlib.ExitStack() as stack:
         echo = ZmqEcho(tmp)
@@ -365,10 +369,16 @@ CUTS: dict[str, tuple[list[str], dict[str, Any], bool]] = {
 }
 
 
-def cuts(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
+@figure(
+    "call_path_cuts",
+    "what candidate cuts of the call path would buy (what-if runs; executor/ unchanged)",
+    order=50, chart=report.chart_cuts, table=report.table_cuts,
+)
+def call_path_cuts(context: Context) -> dict[str, Any]:
     """What each candidate cut of the call path would buy: the executor as shipped against what-if
     variants (whatif.py patches it in memory, nothing in executor/ changes), each with the
     floor, in interleaved rounds; p50, ratio to the floor and CPU per call over all processes."""
+    features, sizes, tmp = context.features, context.sizes, context.tmp
     lean = ["--reuse-workers"] if features.reuse_workers else []
     entries: dict[str, dict[str, Any]] = {}
     with contextlib.ExitStack() as stack:
@@ -418,21 +428,3 @@ def cuts(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
         path_flags=" ".join(lean) or "default flags",
         entries=entries,
     )
-
-
-@figure(
-    "call_path",
-    "where a no-op call's time goes: timestamps per hop, CPU per process, the codec, both hops' floors",
-    order=30, chart=report.chart_call_path, table=report.table_call_path,
-)
-def call_path(context: Context) -> dict[str, Any]:
-    return run(context.features, context.sizes, context.tmp)
-
-
-@figure(
-    "call_path_cuts",
-    "what candidate cuts of the call path would buy (what-if runs; executor/ unchanged)",
-    order=50, chart=report.chart_cuts, table=report.table_cuts,
-)
-def call_path_cuts(context: Context) -> dict[str, Any]:
-    return cuts(context.features, context.sizes, context.tmp)

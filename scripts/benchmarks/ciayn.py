@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from pathlib import Path
 from typing import Any
 
 from protocol import Result, Stats, WorkerInfo, decode, encode, fingerprint, parse_call, parse_calls
@@ -20,7 +19,13 @@ from .registry import Context, figure
 TEXT = 'read_file(path="src/main.py", start=10, lines=40)'
 
 
-def run(repeat: int, out_dir: Path) -> dict[str, Any]:
+@figure(
+    "ciayn_overhead",
+    "CIAYN's own cost per step in the controller (parse, validate, fingerprint, codec)",
+    order=80, chart=report.chart_ciayn, table=report.table_ciayn,
+)
+def ciayn_overhead(context: Context) -> dict[str, Any]:
+    repeat, out_dir = context.sizes.microbench_repeat, context.out
     log("CIAYN per-step overhead and the grammar cases")
     spec = parse.TOOLS["read_file"]
     call = parse_call(TEXT)
@@ -49,12 +54,3 @@ def run(repeat: int, out_dir: Path) -> dict[str, Any]:
         step_total_is="parse + validate, fingerprint, encode the call, decode the result",
         grammar_cases=json.loads(parse_json.read_text())["cases"],
     )
-
-
-@figure(
-    "ciayn_overhead",
-    "CIAYN's own cost per step in the controller (parse, validate, fingerprint, codec)",
-    order=80, chart=report.chart_ciayn, table=report.table_ciayn,
-)
-def ciayn_overhead(context: Context) -> dict[str, Any]:
-    return run(context.sizes.microbench_repeat, context.out)

@@ -20,10 +20,8 @@ from protocol import Call
 from . import report
 from .contestants import JupyterKernel
 from .executors import SHARED, Running, direct
-from .features import Features
 from .record import MEASURED, failed, log, measured, not_built, summarize
 from .registry import Context, figure
-from .sizes import Sizes
 
 
 def crash_recovery(running: Running, rounds: int) -> dict[str, Any]:
@@ -54,7 +52,13 @@ def crash_recovery(running: Running, rounds: int) -> dict[str, Any]:
             "anomalies": anomalies}
 
 
-def run_recovery(features: Features, sizes: Sizes) -> dict[str, Any]:
+@figure(
+    "recovery",
+    "from a crashed worker to the next successful call, against a Jupyter kernel's restart",
+    order=40, chart=report.chart_recovery, table=report.table_recovery,
+)
+def recovery(context: Context) -> dict[str, Any]:
+    features, sizes = context.features, context.sizes
     entries: dict[str, Any] = {}
     log(f"recovery: {sizes.crash_rounds} crashes, {sizes.kernel_restarts} Jupyter kernel restarts")
     with direct(workers=1) as running:
@@ -93,7 +97,13 @@ def run_recovery(features: Features, sizes: Sizes) -> dict[str, Any]:
     )
 
 
-def run_timeouts(sizes: Sizes) -> dict[str, Any]:
+@figure(
+    "timeout_precision",
+    "how late a hung call's `timeout` answer arrives after its deadline",
+    order=60, chart=report.chart_timeouts, table=report.table_timeouts,
+)
+def timeout_precision(context: Context) -> dict[str, Any]:
+    sizes = context.sizes
     log(f"timeout precision: {sizes.hung_calls} hung calls with a {sizes.hung_timeout_s:g} s timeout")
     overshoot: list[float] = []
     with direct(workers=1) as running:
@@ -118,21 +128,3 @@ def run_timeouts(sizes: Sizes) -> dict[str, Any]:
         targets={"overshoot_p99_ms (issue 14)": {"value": summary["p99"], "at_most": 100.0,
                                                   "met": summary["p99"] <= 100.0}},
     )
-
-
-@figure(
-    "recovery",
-    "from a crashed worker to the next successful call, against a Jupyter kernel's restart",
-    order=40, chart=report.chart_recovery, table=report.table_recovery,
-)
-def recovery(context: Context) -> dict[str, Any]:
-    return run_recovery(context.features, context.sizes)
-
-
-@figure(
-    "timeout_precision",
-    "how late a hung call's `timeout` answer arrives after its deadline",
-    order=60, chart=report.chart_timeouts, table=report.table_timeouts,
-)
-def timeout_precision(context: Context) -> dict[str, Any]:
-    return run_timeouts(context.sizes)

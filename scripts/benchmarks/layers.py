@@ -13,10 +13,8 @@ from typing import Any
 from . import hardened, report
 from .contestants import Dealer
 from .executors import SHARED, direct
-from .features import Features
 from .record import MEASURED, failed, log, measured, not_built, summarize
 from .registry import Context, figure
-from .sizes import Sizes
 
 TITLE = "Cost of the hardened profile and of each of its layers"
 FLAVOURS: dict[str, tuple[str, list[str]]] = {
@@ -41,7 +39,13 @@ def per_layer(tiny: bool) -> dict[str, Any]:
             "prepare_default_ms": prep.get("default_ms"), "bench_hardened": figures}
 
 
-def run(features: Features, sizes: Sizes, tiny: bool = False) -> dict[str, Any]:
+@figure(
+    "hardened_layers",
+    "what --profile hardened, and each of its layers, adds to a call",
+    order=100, table=report.table_layers,
+)
+def hardened_layers(context: Context) -> dict[str, Any]:
+    features, sizes, tiny = context.features, context.sizes, context.tiny
     if not features.hardened:
         return not_built(features.missing("hardened"), title=TITLE)
     times: dict[str, list[float]] = {name: [] for name in FLAVOURS}
@@ -84,12 +88,3 @@ def run(features: Features, sizes: Sizes, tiny: bool = False) -> dict[str, Any]:
                       "read-only mounts have no switch of their own; entries.per_layer has their costs as "
                       "scripts/benchmarks/hardened.py times them inside a worker being prepared",
     )
-
-
-@figure(
-    "hardened_layers",
-    "what --profile hardened, and each of its layers, adds to a call",
-    order=100, table=report.table_layers,
-)
-def hardened_layers(context: Context) -> dict[str, Any]:
-    return run(context.features, context.sizes, tiny=context.tiny)

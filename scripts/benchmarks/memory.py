@@ -44,7 +44,13 @@ def _settled(supervisor: psutil.Process) -> tuple[psutil.Process | None, list[ps
         time.sleep(0.05)
 
 
-def run(calls: int) -> dict[str, Any]:
+@figure(
+    "memory",
+    "the supervisor's, the template's and each worker's memory after a run of calls",
+    order=90, chart=report.chart_memory, table=report.table_memory,
+)
+def memory(context: Context) -> dict[str, Any]:
+    calls = context.sizes.memory_calls
     log(f"memory: executor with {WORKERS} workers after {calls} calls")
     with direct(workers=WORKERS) as running:
         for start in range(0, calls, 4 * WORKERS):  # a few calls in flight per worker, never a full queue
@@ -67,12 +73,3 @@ def run(calls: int) -> dict[str, Any]:
             worker_uss_mb=[_uss(w) for w in workers],
             worker_rss_mb=[round(w.memory_info().rss / MB, 2) for w in workers],
         )
-
-
-@figure(
-    "memory",
-    "the supervisor's, the template's and each worker's memory after a run of calls",
-    order=90, chart=report.chart_memory, table=report.table_memory,
-)
-def memory(context: Context) -> dict[str, Any]:
-    return run(context.sizes.memory_calls)

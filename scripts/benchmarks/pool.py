@@ -30,10 +30,8 @@ import psutil
 from . import report
 from .contestants import read_line, start_peer, stop_peer
 from .executors import Running, brokered, direct
-from .features import Features
 from .record import log, measured
 from .registry import Context, figure
-from .sizes import Sizes
 
 TOOLS: dict[str, dict[str, Any]] = {"noop": {}, "nap": {"ms": 10.0}}
 SLEEP_S = 0.010
@@ -122,7 +120,13 @@ def _scaling(rates: dict[str, list[float]], workers: tuple[int, ...]) -> dict[st
                 for w, rate in zip(workers, series, strict=True)] for c, series in rates.items()}
 
 
-def run(features: Features, sizes: Sizes) -> dict[str, Any]:
+@figure(
+    "pool_scaling",
+    "calls/s against total workers for a no-op and a 10 ms tool, with 1 to 8 controllers",
+    order=70, chart=report.chart_pool, table=report.table_pool,
+)
+def pool_scaling(context: Context) -> dict[str, Any]:
+    features, sizes = context.features, context.sizes
     via = "broker over tcp, 2 executors" if features.broker else "one executor over ipc (no broker yet)"
     modes: dict[str, list[str]] = {"default flags": []}
     if features.reuse_workers:
@@ -178,12 +182,3 @@ def run(features: Features, sizes: Sizes) -> dict[str, Any]:
         sleep_10ms_ideal_calls_per_s=[round(w / SLEEP_S, 1) for w in sizes.pool_workers],
         targets=targets,
     )
-
-
-@figure(
-    "pool_scaling",
-    "calls/s against total workers for a no-op and a 10 ms tool, with 1 to 8 controllers",
-    order=70, chart=report.chart_pool, table=report.table_pool,
-)
-def pool_scaling(context: Context) -> dict[str, Any]:
-    return run(context.features, context.sizes)

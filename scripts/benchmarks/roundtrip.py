@@ -13,10 +13,8 @@ from protocol import Call
 from . import report
 from .contestants import ClientCalls, Dealer, FreshPython, InProcess, JupyterKernel, ZmqEcho
 from .executors import SHARED, Running, brokered, direct
-from .features import Features
 from .record import MEASURED, failed, log, measured, not_built, summarize
 from .registry import Context, figure
-from .sizes import Sizes
 
 FLOOR = "floor_zmq_echo"
 
@@ -27,7 +25,13 @@ def worker_mode(running: Running) -> str:
     return "fresh" if pids[0] != pids[1] else "reused"
 
 
-def run(features: Features, sizes: Sizes, tmp: str) -> dict[str, Any]:
+@figure(
+    "round_trip",
+    "a no-op call's round trip: ours against the bare ZeroMQ echo, Jupyter, in-process, fresh python",
+    order=10, chart=report.chart_round_trip, table=report.table_round_trip,
+)
+def round_trip(context: Context) -> dict[str, Any]:
+    features, sizes, tmp = context.features, context.sizes, context.tmp
     entries: dict[str, dict[str, Any]] = {}
     contestants: list[tuple[str, Any]] = []
     notes: dict[str, Any] = {}
@@ -149,12 +153,3 @@ def _targets(entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "hardened_vs_default_p50 (issue 11)": _target(p50_ratio("ours_hardened", "ours_dealer"), 2.0, True),
         "broker_tcp_vs_direct_ipc_p50 (issue 12)": _target(p50_ratio("ours_broker_tcp", "ours_dealer"), 2.0, True),
     }
-
-
-@figure(
-    "round_trip",
-    "a no-op call's round trip: ours against the bare ZeroMQ echo, Jupyter, in-process, fresh python",
-    order=10, chart=report.chart_round_trip, table=report.table_round_trip,
-)
-def round_trip(context: Context) -> dict[str, Any]:
-    return run(context.features, context.sizes, context.tmp)

@@ -2,7 +2,7 @@
 benchmark-only patches in memory, then runs ``ciayn-executor serve ARGS``. The template and the
 workers are forked from that process, so they carry the patches too. Nothing in executor/ changes;
 this only tells what a candidate cut of the call path would buy, measured side by side with the
-executor as shipped (``callpath.cuts``).
+executor as shipped (``callpath.call_path_cuts``).
 
 Patches:
 - ``nospin``: the supervisor does not poll without sleeping after a dispatch
