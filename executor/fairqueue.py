@@ -1,12 +1,12 @@
-"""Calls waiting in a broker, one queue per client, served in turn: the broker's fairness rule.
+"""Calls waiting, one queue per client, served in turn: the fairness rule of the executor's call
+table (``executor.calls``) and of the broker (``executor.broker.routing``).
 
 Each time a worker frees, ``take`` offers the next client in turn its oldest call that some free
-executor can run (looking at most ``scan_depth`` calls deep, so a call for a busy tool does not hold
-up the client's others); the client that was served goes to the back of the line. A client whose
-queue was empty goes to the front when it queues again: it has not been served lately. So a client
-flooding calls delays another's by at most one call per free worker.
-
-It counts the encoded bytes waiting, in all and per client, for the broker's bounds.
+worker or executor can run (looking at most ``scan_depth`` calls deep, so a call for a busy tool
+does not hold up the client's others); the client that was served goes to the back of the line. A
+client whose queue was empty goes to the front when it queues again: it has not been served lately.
+So a client flooding calls delays another's by at most one call per free worker. It counts the
+encoded bytes waiting, in all and per client, for its owner's bounds.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from typing import Generic, Protocol, TypeVar
 
 
 class Queued(Protocol):
+    """What the queue reads of a call: ``executor.calls.Job`` and ``executor.broker.records.Job`` both are."""
+
     @property
     def client(self) -> bytes: ...  # whose call it is: the fairness key
 

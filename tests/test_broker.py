@@ -20,9 +20,9 @@ import pytest
 import zmq
 
 from controller import ExecutorClient
+from executor.broker.journal import Journal
 from executor.cli import main
 from executor.fairqueue import FairQueue
-from executor.journal import Journal
 from executor.status import fetch
 from protocol import (
     Call,

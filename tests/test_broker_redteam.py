@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from controller import ExecutorClient
-from executor.journal import JOURNAL_NAME
+from executor.broker.journal import JOURNAL_NAME
 from protocol import (
     Bye,
     Call,

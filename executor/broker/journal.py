@@ -1,4 +1,4 @@
-"""The broker's journal: which call ids it sent to which executor, kept on disk across its restarts.
+"""Which call ids the broker sent to which executor, kept on disk across its restarts.
 
 After a restart the broker learns from the executors that come back which calls they hold (their
 ``ready``). What it cannot learn from them is what an executor that did *not* come back was running:
