@@ -9,7 +9,8 @@ Refusals (unknown tool, bad arguments, a full queue) never enter either, so they
 corrected call may reuse its id.
 
 The memory behind that rule, apart from the calls in flight, is ``AtMostOnce``: the broker keeps
-one too, so that its duplicate handling is the executor's (``executor.broker``).
+one too, so that its duplicate handling is the executor's (``executor.broker.answers``), and its
+job record uses this ``Job``'s names for the same things (``executor.broker.records``).
 
 It also owns the queue of calls waiting for a worker, bounded in calls, in encoded bytes and in wait:
 a call's timeout counts from its arrival, so one still queued when it runs out (or after
@@ -51,7 +52,7 @@ class Job:
     waiters: list[bytes]
     limits: Limits
     arrived: float = 0.0
-    size: int = 0  # encoded bytes of its tool, arguments and timeout
+    nbytes: int = 0  # encoded bytes of its tool, arguments and timeout: what the queue's bounds count
     digest: int = 0  # 48 bits of a hash of the same: a resend must match it
     started: float = 0.0
     deadline: float = 0.0
@@ -63,7 +64,7 @@ class Job:
     def __post_init__(self) -> None:
         self.asked_s = self.limits.timeout_s
 
-    # what the queue (``executor.fairqueue``) sees of a call
+    # what the queue (``executor.fairqueue.Queued``) sees of a call, named as the broker's job names it
     @property
     def client(self) -> bytes:
         return self.waiters[0]  # who sent it first: its turn in the queue is that client's
@@ -75,10 +76,6 @@ class Job:
     @property
     def timeout(self) -> float:
         return self.limits.timeout_s
-
-    @property
-    def nbytes(self) -> int:
-        return self.size
 
 
 @dataclass
@@ -103,9 +100,10 @@ def _any_worker(job: Job) -> bool:
 
 
 def fingerprint(call: Call) -> tuple[int, int]:
-    """(encoded size, 48-bit digest) of what makes a call that call: tool, arguments and timeout,
-    written canonically (``protocol.fingerprint.resend_key``: key order and how a number was
-    encoded do not matter, its type does), so that a resend matches however its sender wrote it."""
+    """(``nbytes``, ``digest``): the encoded size and a 48-bit digest of what makes a call that call:
+    tool, arguments and timeout, written canonically (``protocol.fingerprint.resend_key``: key order
+    and how a number was encoded do not matter, its type does), so that a resend matches however its
+    sender wrote it."""
     packed = resend_key(call)
     return len(packed), _keyed(packed) & _DIGEST_MASK
 
@@ -273,11 +271,12 @@ class CallTable:
         if len(self.queue) >= self.max_queue:
             return Result.failure(job.call_id, "unavailable",
                                   f"the executor's queue is full ({self.max_queue} calls); it did not run")
-        if self.queue.bytes + job.size > self.max_queue_bytes:
+        if self.queue.bytes + job.nbytes > self.max_queue_bytes:
             return Result.failure(
                 job.call_id, "unavailable",
                 f"the executor's queue is full ({self.queue.bytes // 1024**2} MiB queued, "
-                f"{job.size // 1024**2} MiB more would pass its {self.max_queue_bytes // 1024**2} MiB); it did not run")
+                f"{job.nbytes // 1024**2} MiB more would pass its {self.max_queue_bytes // 1024**2} MiB); "
+                "it did not run")
         job.arrived = now
         self.jobs[job.call_id] = job
         self.queue.push(job)

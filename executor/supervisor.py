@@ -327,7 +327,7 @@ class Supervisor:
             self._send(route, Result.failure("", "protocol", "a call must carry an id"))
             return
         cid = call.id
-        size, digest = fingerprint(call)
+        nbytes, digest = fingerprint(call)
         seen = self.calls.seen(route, call, digest)
         if seen is not None:
             answer = "answered from cache" if seen.frames else "joined the running call" if seen.joined else "refused"
@@ -348,7 +348,7 @@ class Supervisor:
         except BindError as e:
             self._refuse(route, Result.failure(cid, "bad_arguments", f"{e}; signature: {spec.name}{spec.signature}"))
             return
-        job = Job(call=call, call_id=cid, waiters=[route], size=size, digest=digest,
+        job = Job(call=call, call_id=cid, waiters=[route], nbytes=nbytes, digest=digest,
                   limits=effective_limits(self.config.limits, spec, call, self._ceiling(call)))
         refusal = self.calls.admit(job, time.monotonic())
         if refusal is not None:

@@ -171,7 +171,7 @@ def test_a_burst_of_submits_is_all_sent_and_all_answered(make_client: Callable[.
 def _job(cid: str, tool: str = "noop") -> Job:
     call = Call(id=cid, tool=tool)
     size, digest = fingerprint(call)
-    return Job(call=call, call_id=cid, waiters=[b"r"], limits=Limits(), size=size, digest=digest)
+    return Job(call=call, call_id=cid, waiters=[b"r"], limits=Limits(), nbytes=size, digest=digest)
 
 
 def test_the_executed_id_set_is_bounded_by_count_and_age_and_running_calls_stay_joinable() -> None:
