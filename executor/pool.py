@@ -18,22 +18,37 @@ clients: finished calls go to ``on_done``, and it asks ``next_job`` for work whe
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
-import math
 import os
-import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
 
 from executor.calls import Job
 from executor.keeper import KILL_GRACE, REPLACE_WAIT, TemplateKeeper
-from executor.workers import framing, pidns
+from executor.slot import (
+    GONE,
+    IDLE_READ_LIMIT,
+    LIVE,
+    POLL_MAX_S,
+    REFILL_MAX_DELAY,
+    REFILL_QUIET,
+    SPIN_AFTER_DISPATCH,
+    START_TIMEOUT,
+    SWEEP_INTERVAL,
+    TEMPLATE_ANSWER_TIMEOUT,
+    TEMPLATE_FRAME_LIMIT,
+    Descriptors,
+    Phase,
+    Pids,
+    Worker,
+    death_result,
+    result_from_reply,
+)
+from executor.workers import framing
 from executor.workers.channel import (
     Applying,
     CallRequest,
@@ -49,73 +64,10 @@ from executor.workers.channel import (
 )
 from executor.workers.processes import SHUTDOWN_WAIT, kill_children
 from executor.workers.worker import WorkerConfig
-from protocol import ErrorInfo, Result, Signal, Stats, ToolSpec, WorkerInfo
+from protocol import Result, Stats, ToolSpec, WorkerInfo
 from protocol.timing import APPLY_GRACE  # hardened --workspace-rw: what a call that answered in time gets to apply
 
 log = logging.getLogger("ciayn-executor")
-
-
-class Phase(enum.Enum):
-    """Where a worker process is, from the template's report that it exists to its exit (``reaped``:
-    it leaves the pool). One transition per method of ``WorkerPool``, named in each phase's line."""
-
-    READY = "ready"  # forked (and rehearsed), waiting for a call (``_spawned``)
-    STARTING = "starting"  # sent a call; it has not said it started the tool (``dispatch``)
-    RUNNING = "running"  # running its call's tool (``_started``); with ``applying``, applying its writes
-    CLOSED = "closed"  # its channel closed while it owed no answer: its exit status is awaited (``_closed``)
-    KILLED = "killed"  # sent SIGKILL: its exit is awaited (``_kill``); past KILL_GRACE, abandoned (``_abandon``)
-    ANSWERED = "answered"  # a fresh worker that answered its one call and stops by itself (``_retire``)
-    ENDED = "ended"  # an answered worker we killed, its teardown costing no answer its time (``_end``)
-
-
-# Every wait of a worker, in one place: how long it may stay in a phase before the loop acts
-# (``WorkerPool.EXPIRED``). STARTING and RUNNING also end at the call's deadline.
-TEMPLATE_ANSWER_TIMEOUT = 3.0  # a spawn request unanswered this long: the template is stopped or wedged
-START_TIMEOUT = 2.0  # STARTING: a worker that does not say it started a call this long after getting it is replaced
-EXIT_STATUS_WAIT = 2.0  # CLOSED: how long to wait for its exit status once its channel closed
-# KILLED: KILL_GRACE (executor.keeper), after SIGKILL, before its call is answered and it is abandoned
-REFILL_MAX_DELAY = 0.02  # ANSWERED: killed this long after its answer (or when new workers are made)
-RETIRE_GRACE = 2.0  # ENDED: a killed answered worker whose exit is not reported by then is forgotten
-WAIT = {Phase.STARTING: START_TIMEOUT, Phase.CLOSED: EXIT_STATUS_WAIT, Phase.KILLED: KILL_GRACE,
-        Phase.ANSWERED: REFILL_MAX_DELAY, Phase.ENDED: RETIRE_GRACE}
-REFILL_QUIET = 0.002  # fresh workers: a replacement is forked once the pool has been quiet this long...
-# ...or REFILL_MAX_DELAY after it was first due, whichever comes first
-SWEEP_INTERVAL = 0.2  # reused workers: the template kills stray children at most this often (it costs a /proc read)
-SPIN_AFTER_DISPATCH = 0.0003  # seconds of polling without sleep after a dispatch (quick calls' replies)
-POLL_MAX_S = 1.0
-
-TEMPLATE_FRAME_LIMIT = 64 * 1024  # the template's messages after start-up are tiny (Spawned, Exited)
-IDLE_READ_LIMIT = 64 * 1024  # what a worker with no call may send before it is cut off (it should send nothing)
-MAX_ABANDONED = 64  # processes that would not die, remembered for the log
-
-LIVE = (Phase.READY, Phase.STARTING, Phase.RUNNING)  # a worker that can still answer a call
-GONE = (Phase.ANSWERED, Phase.ENDED)  # its descriptors closed: only its exit is awaited
-
-
-@dataclass
-class Worker:
-    """One worker process of the pool, and the call it runs."""
-
-    id: int
-    pid: int
-    chan: socket.socket
-    reader: framing.Reader
-    out_fd: int
-    err_fd: int
-    phase: Phase = Phase.READY
-    since: float = 0.0  # when it entered its phase
-    due: float = math.inf  # when the loop must act on it (its phase's wait; a call's deadline)
-    job: Job | None = None
-    started: bool = False  # it said it started the job's tool (before that, the job never ran)
-    applying: bool = False  # its keeper said the call answered and its writes are being applied
-    seq: int = 0  # number of the request in flight: a reply must carry it
-    outbuf: bytearray = field(default_factory=bytearray)  # request bytes the worker has not taken yet
-
-    def enter(self, phase: Phase, now: float) -> None:
-        self.phase, self.since = phase, now
-        self.due = now + WAIT.get(phase, math.inf)
-        if self.job is not None and phase in (Phase.STARTING, Phase.RUNNING, Phase.CLOSED):
-            self.due = min(self.due, self.job.deadline)
 
 
 class WorkerPool:
@@ -144,15 +96,10 @@ class WorkerPool:
         self.queued = queued  # how many calls wait for a worker
         self.workers: dict[int, Worker] = {}  # by id, from the template's Spawned to the worker's Exited
         self.asked: dict[int, float] = {}  # worker id -> when the template was asked for it (it owes a Spawned)
-        self.abandoned: dict[int, str] = {}  # pid -> why: killed, but it did not die
-        # A pidfd for every worker process from its Spawned to its Exited (``_signal``): a kill
-        # through it can never reach another process that got the same pid after the worker's end.
-        self.pidfds: dict[int, int] = {}
-        self.have_pidfds = False  # the template sends them (pidfd_open: Linux 5.3)
+        self.pids = Pids()  # their pidfds, and the processes that would not die
         self.next_id = 0
         self.keeper = TemplateKeeper(config)  # the template process: start, replace, back off, stop
-        self.poller: zmq.Poller | None = None
-        self.fd_owner: dict[int, tuple[Worker, str]] = {}
+        self.fds = Descriptors()  # theirs in the supervisor's poller
         self.spin_until = 0.0
         self.refill_at = 0.0  # fresh workers: when the deferred replacement is forked (0: none due)
         self.refill_first = 0.0  # when it first became due
@@ -188,7 +135,7 @@ class WorkerPool:
 
     def attach(self, poller: zmq.Poller) -> None:
         """Register with the supervisor's poller and start the workers."""
-        self.poller = self.keeper.poller = poller
+        self.fds.poller = self.keeper.poller = poller
         if self.keeper.channel is not None:
             poller.register(self.keeper.fd, zmq.POLLIN)
         self._refill()
@@ -196,11 +143,11 @@ class WorkerPool:
     def stop(self) -> None:
         self.stopping = True
         for worker in list(self.workers.values()):
-            self._signal(worker.pid)
-            self._close(worker)
+            self.pids.signal(worker.pid)
+            self.fds.close(worker)
         self.workers.clear()
         self.keeper.stop()
-        self._close_pidfds()
+        self.pids.forget_all()
         self._remove_groups()
 
     def _remove_groups(self) -> None:
@@ -226,10 +173,10 @@ class WorkerPool:
                     job.call_id, "crashed",
                     f"the executor's template process {why}; the worker running this call was killed with it")
                 self._answer(job, result, worker, restarted=True)
-            self._close(worker)
+            self.fds.close(worker)
         self.workers.clear()
         self.asked.clear()
-        self._close_pidfds()  # the old template's workers are dead or abandoned: never signalled again
+        self.pids.forget_all()  # the old template's workers are dead or abandoned: never signalled again
         kill_children(wait=REPLACE_WAIT)  # the old template's orphans came to us (what SIGKILL cannot stop is left)
         self._remove_groups()
         # The new template is waited for by the loop (``_on_template``), which goes on answering
@@ -266,15 +213,16 @@ class WorkerPool:
         """Serve the pool's descriptors among the poller's events: workers first, so that a reply is
         read before the template's report that its worker exited."""
         for fd, mask in list(events.items()):
-            owner = self.fd_owner.get(fd) if isinstance(fd, int) else None
+            owner = self.fds.owner.get(fd) if isinstance(fd, int) else None
             if owner is None:
                 continue
             worker, what = owner
             if what != "chan":
-                self._on_output(worker, fd, what)
+                if worker.read_output(self.fds, fd, what, running=True)[1] and worker.job is not None:
+                    self._kill(worker, f"{what} over {worker.job.limits.max_output_kb} KB")
             else:
                 if mask & zmq.POLLOUT:
-                    self._flush(worker)
+                    worker.flush(self.fds)
                 if mask & ~zmq.POLLOUT and worker.id in self.workers:
                     self._on_worker(worker)
         if self.keeper.channel is not None and self.keeper.fd in events:
@@ -309,7 +257,7 @@ class WorkerPool:
             request = CallRequest(seq=worker.seq, tool=job.call.tool, args=job.call.args, kwargs=job.call.kwargs,
                                   limits=job.limits.model_dump() if job.limits is not self.limits else None)
             worker.outbuf += framing.pack(request.to_wire())
-            self._flush(worker)
+            worker.flush(self.fds)
         self._refill(urgent=False)
 
     def _refill(self, urgent: bool = True) -> None:
@@ -404,7 +352,7 @@ class WorkerPool:
     def _end_expired(self, worker: Worker, now: float) -> None:
         """ENDED: killed after its answer, and its exit still not reported: forget it."""
         log.warning("worker pid %d answered its call but did not exit; killing it", worker.pid)
-        self._signal(worker.pid)
+        self.pids.signal(worker.pid)
         self.workers.pop(worker.id, None)
 
     # ---------------------------------------------------------------- the template's reports
@@ -438,7 +386,7 @@ class WorkerPool:
         """-> READY: the template forked the worker it was asked for, and sent its descriptors
         (channel, stdout, stderr and, where it can, a pidfd)."""
         self.asked.pop(msg.worker, None)
-        host = self._host_pid(msg.pid, fds[3:4])
+        host = self.pids.host(msg.pid, fds[3:4], self.keeper.host_pids)
         if host <= 0:
             log.warning("worker %d (pid %d in the template's namespace) was gone before it could be used",
                         msg.worker, msg.pid)
@@ -448,20 +396,11 @@ class WorkerPool:
             self._refill(urgent=bool(self.queued()))
             return
         self.keeper.made_worker = True
-        if len(fds) >= 4:
-            self.have_pidfds = True
-            self._forget_pidfd(host)  # (a stale one: never, as its Exited closes it first)
-            self.pidfds[host] = fds[3]
         chan = socket.socket(fileno=fds[0])
         worker = Worker(id=msg.worker, pid=host, chan=chan, reader=framing.Reader(chan, IDLE_READ_LIMIT),
                         out_fd=fds[1], err_fd=fds[2], since=time.monotonic())
-        os.set_blocking(worker.out_fd, False)
-        os.set_blocking(worker.err_fd, False)
         self.workers[worker.id] = worker
-        for fd, what in ((chan.fileno(), "chan"), (worker.out_fd, "stdout"), (worker.err_fd, "stderr")):
-            self.fd_owner[fd] = (worker, what)
-            if self.poller is not None:
-                self.poller.register(fd, zmq.POLLIN)
+        self.fds.add(worker)
         log.debug("worker %d ready (pid %d)", worker.id, worker.pid)
         self.dispatch()
 
@@ -471,9 +410,9 @@ class WorkerPool:
         pid = self.keeper.host_pids.forget(msg.pid) if self.keeper.host_pids is not None else msg.pid
         if pid <= 0:
             return  # a worker that was gone before we knew it (logged then)
-        self._forget_pidfd(pid)  # it is dead and reaped: its pid may be another process's now
-        if pid in self.abandoned:
-            log.warning("abandoned worker pid %d finally exited (%s)", pid, self.abandoned.pop(pid))
+        self.pids.forget(pid)  # it is dead and reaped: its pid may be another process's now
+        if pid in self.pids.abandoned:
+            log.warning("abandoned worker pid %d finally exited (%s)", pid, self.pids.abandoned.pop(pid))
             return
         dead = next((w for w in self.workers.values() if w.pid == pid), None)
         if dead is None:
@@ -485,94 +424,7 @@ class WorkerPool:
             return
         self._worker_gone(dead, msg.signal, msg.code, oom=msg.oom, cpu_s=msg.cpu_s, peak_rss_kb=msg.peak_rss_kb)
 
-    def _host_pid(self, pid: int, pidfd: list[int]) -> int:
-        """A worker's host pid from the pid the template gave (its own, in its namespace) and, where
-        the template sent one, the worker's pidfd (its ``fdinfo`` names the process in our
-        namespace); 0 if the worker is gone already."""
-        if pidfd:
-            host = pidns.pid_of_pidfd(pidfd[0])
-            if host is not None:
-                if host > 0 and self.keeper.host_pids is not None:
-                    self.keeper.host_pids.remember(pid, host)
-                return host
-        return self.keeper.host_pids.of(pid) if self.keeper.host_pids is not None else pid
-
-    def _signal(self, pid: int) -> None:
-        """SIGKILL worker process ``pid``: through its pidfd, or, where the template sends none, by
-        pid. Once the worker's exit has closed its pidfd the number is never signalled again:
-        another process may hold it by then."""
-        fd = self.pidfds.get(pid)
-        if fd is not None:
-            with contextlib.suppress(ProcessLookupError):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-        elif not self.have_pidfds:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-    def _forget_pidfd(self, pid: int) -> None:
-        fd = self.pidfds.pop(pid, None)
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-    def _close_pidfds(self) -> None:
-        for pid in list(self.pidfds):
-            self._forget_pidfd(pid)
-
     # ---------------------------------------------------------------- a worker's descriptors
-
-    def _flush(self, worker: Worker) -> None:
-        """Send what the worker has not taken yet, never blocking: a worker still busy (a tool that
-        faked its reply) must not stall the supervisor. What is left waits for POLLOUT."""
-        try:
-            while worker.outbuf:
-                sent = worker.chan.send(worker.outbuf, socket.MSG_DONTWAIT)
-                del worker.outbuf[:sent]
-        except BlockingIOError:
-            pass
-        except OSError:
-            worker.outbuf.clear()  # the worker died; its channel's EOF will finish the job
-        flags = zmq.POLLIN | (zmq.POLLOUT if worker.outbuf else 0)
-        if self.poller is not None:
-            with contextlib.suppress(KeyError, zmq.ZMQError, ValueError):
-                self.poller.modify(worker.chan.fileno(), flags)
-
-    def _on_output(self, worker: Worker, fd: int, what: str, running: bool = True) -> bool:
-        """Read one chunk of a worker's stdout/stderr; return whether anything was read. Over the
-        cap, the call's outcome becomes ``output_limit``; the worker is killed only while it is still
-        ``running`` the call (once it has replied, there is nothing left to stop)."""
-        job = worker.job
-        cap = (job.limits if job else self.limits).max_output_kb * 1024
-        try:
-            data = os.read(fd, 1 << 16)
-        except BlockingIOError:
-            return False
-        except OSError:
-            data = b""
-        if not data:
-            self._unregister(fd)
-            return False
-        if job is None:
-            return True  # output of a process the previous call left behind: dropped
-        buf = job.stdout if what == "stdout" else job.stderr
-        room = cap - len(buf)
-        buf += data[: max(0, room)]
-        if len(data) > room and job.outcome is None:
-            job.outcome = Result.failure(job.call_id, "output_limit",
-                                         f"the tool wrote more than {cap // 1024} KB to {what}"
-                                         + ("; it was stopped" if running else ""))
-            if running:
-                self._kill(worker, f"{what} over {cap // 1024} KB")
-        return True
-
-    def _drain_output(self, worker: Worker) -> None:
-        """Read what the worker wrote before its reply (or death) so it lands in this call's result."""
-        for fd, what in ((worker.out_fd, "stdout"), (worker.err_fd, "stderr")):
-            for _ in range(4096):  # bounded: a leftover writer cannot keep us here
-                if fd not in self.fd_owner or worker.job is None or worker.job.outcome is not None:
-                    break
-                if not self._on_output(worker, fd, what, running=False):
-                    break
 
     def _on_worker(self, worker: Worker) -> None:
         """Read the worker's channel: a start (-> RUNNING), an apply notice, a reply (-> READY when
@@ -593,11 +445,11 @@ class WorkerPool:
                     # forged reply, then the real one). Never let it answer some other call.
                     raise ChannelError("a reply that does not match the request in flight")
                 memory = reply.error is not None and reply.error.get("kind") == "memory"
-                result = self._result_from_reply(job, reply)
+                result = result_from_reply(job, reply, self.executor_id)
             except (TypeError, ValueError) as e:  # ChannelError and pydantic's ValidationError are ValueErrors
                 self._malformed(worker, e)  # the call is answered when the worker's death is reported
                 break
-            self._drain_output(worker)
+            worker.drain(self.fds)
             worker.job = None
             if job.outcome is not None:
                 # Decided here before the reply was read (output over the cap found while draining,
@@ -611,7 +463,7 @@ class WorkerPool:
                 break
             worker.enter(Phase.READY, time.monotonic())
         if closed and worker.id in self.workers and worker.phase not in GONE:
-            self._unregister(worker.chan.fileno())
+            self.fds.drop(worker.chan.fileno())
             if worker.phase in LIVE:
                 self._closed(worker)
         self.dispatch()
@@ -657,28 +509,6 @@ class WorkerPool:
                     "inherited?); it was killed")
         self._kill(worker, "malformed message")
 
-    def _result_from_reply(self, job: Job, reply: Reply) -> Result:
-        """Build the result from a worker's reply (its fields' types already checked by
-        ``Reply.from_wire``). The error and signals are validated as protocol values, since tool code
-        shares the worker's process; what the supervisor knows itself is not. This runs on every
-        call, so it avoids validating twice."""
-        error = None if reply.ok else ErrorInfo.model_validate(reply.error)
-        stats = Stats(wall_s=reply.wall_s, cpu_s=reply.cpu_s, peak_rss_kb=reply.peak_rss_kb)
-        return Result.model_construct(
-            id=job.call_id,
-            ok=reply.ok,
-            value=reply.value,
-            value_is_repr=reply.value_is_repr,
-            error=error,
-            stdout="",
-            stderr="",
-            signals=[Signal.model_validate(s) for s in reply.signals],
-            worker=None,
-            stats=stats,
-            limits=job.limits,
-            executor=self.executor_id,
-        )
-
     def _answer(self, job: Job, result: Result, worker: Worker, *, restarted: bool) -> None:
         """Complete a result with what the pool knows (worker, output, limits) and hand it on."""
         result.worker = WorkerInfo.model_construct(id=worker.id, pid=worker.pid, incarnation=worker.id,
@@ -706,14 +536,14 @@ class WorkerPool:
             return
         log.info("killing worker %d (pid %d): %s", worker.id, worker.pid, why)
         worker.enter(Phase.KILLED, time.monotonic())
-        self._signal(worker.pid)
+        self.pids.signal(worker.pid)
 
     def _retire(self, worker: Worker) -> None:
         """-> ANSWERED (a killed one -> ENDED): done with its one call, or killed; its descriptors
         are closed and its exit expected, else it is killed (``_end``)."""
         now = time.monotonic()
         worker.enter(Phase.ENDED if worker.phase is Phase.KILLED else Phase.ANSWERED, now)
-        self._close(worker)
+        self.fds.close(worker)
         self._refill(urgent=False)
 
     def _end(self, worker: Worker, now: float) -> None:
@@ -721,7 +551,7 @@ class WorkerPool:
         ``REFILL_MAX_DELAY`` after its answer or when new workers are made, so that its teardown
         costs no answer its time. Its exit is reported as usual."""
         worker.enter(Phase.ENDED, now)
-        self._signal(worker.pid)
+        self.pids.signal(worker.pid)
 
     def _abandon(self, worker: Worker, why: str) -> None:
         """KILLED -> gone: answer the call of a worker that will not die and forget the worker; its
@@ -732,16 +562,12 @@ class WorkerPool:
         job = worker.job
         if job is not None:
             worker.job = None
-            self._drain_output(worker)
+            worker.drain(self.fds)
             result = job.outcome or Result.failure(job.call_id, "crashed", f"the worker {why}")
             result.stats = Stats(wall_s=time.monotonic() - job.started)
             self._answer(job, result, worker, restarted=True)
-        self.abandoned[worker.pid] = why
-        while len(self.abandoned) > MAX_ABANDONED:
-            pid = next(iter(self.abandoned))
-            self.abandoned.pop(pid)
-            self._forget_pidfd(pid)
-        self._close(worker)
+        self.pids.abandon(worker.pid, why)
+        self.fds.close(worker)
         self.workers.pop(worker.id, None)
         self.dispatch()
 
@@ -749,7 +575,7 @@ class WorkerPool:
         """Whether the job of a dead (or abandoned) worker never started: read what is left on the
         channel first (a start or a reply sent before the end), then, if it never started and nothing
         but the pool's own start-timeout decided its fate, put it back in the queue for another worker."""
-        if worker.job is not None and worker.chan.fileno() in self.fd_owner:
+        if worker.job is not None and worker.chan.fileno() in self.fds.owner:
             self._on_worker(worker)
         job = worker.job
         if job is None or worker.started or self.requeue is None:
@@ -766,52 +592,13 @@ class WorkerPool:
         """-> reaped, owing an answer: finish its call from how it died, make a new worker."""
         if not self._unstarted(worker) and (job := worker.job) is not None:
             worker.job = None
-            self._drain_output(worker)
-            result = job.outcome or _death_result(job, sig, code, oom, cpu_s)
+            worker.drain(self.fds)
+            result = job.outcome or death_result(job, sig, code, oom, cpu_s)
             assert result.error is not None
             if result.error.kind == "crashed":
                 result.error.signal = sig or None
             result.stats = Stats(wall_s=time.monotonic() - job.started, cpu_s=cpu_s, peak_rss_kb=peak_rss_kb)
             self._answer(job, result, worker, restarted=True)
-        self._close(worker)
+        self.fds.close(worker)
         self.workers.pop(worker.id, None)
         self.dispatch()
-
-    def _close(self, worker: Worker) -> None:
-        """Close the worker's descriptors (it stays in the pool until its exit is reported)."""
-        for fd in (worker.chan.fileno(), worker.out_fd, worker.err_fd):
-            self._unregister(fd)
-        worker.chan.close()
-        for fd in (worker.out_fd, worker.err_fd):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        worker.out_fd = worker.err_fd = -1
-        worker.outbuf.clear()
-
-    def _unregister(self, fd: int) -> None:
-        if fd >= 0 and self.fd_owner.pop(fd, None) is not None and self.poller is not None:
-            with contextlib.suppress(KeyError, zmq.ZMQError):
-                self.poller.unregister(fd)
-
-
-def _death_result(job: Job, sig: int, code: int | None, oom: bool = False, cpu_s: float = 0.0) -> Result:
-    cid = job.call_id
-    if sig == signal.SIGKILL and cpu_s >= job.limits.effective_cpu_s():
-        # SIGXCPU was not delivered (a hardened worker is PID 1 of its namespace, which the kernel
-        # spares it; or the tool ignored it): RLIMIT_CPU's hard limit killed it. A CPU timeout all the same.
-        sig = signal.SIGXCPU
-    if oom:
-        return Result.failure(cid, "memory", f"the tool (with the processes it started) went over its "
-                              f"{job.limits.memory_mb} MB memory limit and was killed")
-    if sig == signal.SIGXCPU:
-        return Result.failure(cid, "timeout", f"the tool used more than {job.limits.effective_cpu_s()} s of "
-                              "CPU time and was killed")
-    if sig == signal.SIGKILL:
-        return Result.failure(cid, "crashed", "the worker was killed (SIGKILL) while running the tool")
-    if sig:
-        name = signal.Signals(sig).name if sig in signal.Signals.__members__.values() else str(sig)
-        return Result.failure(cid, "crashed", f"the worker died from signal {name} while running the tool")
-    if code is not None:
-        return Result.failure(cid, "crashed", f"the worker process exited with code {code} while running the tool")
-    return Result.failure(cid, "crashed", "the worker process disappeared while running the tool")

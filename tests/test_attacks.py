@@ -41,7 +41,7 @@ import pytest
 
 from controller import ExecutorClient, ExecutorUnavailable, LocalExecutor
 from executor.keeper import KILL_GRACE
-from executor.pool import RETIRE_GRACE, TEMPLATE_ANSWER_TIMEOUT
+from executor.slot import RETIRE_GRACE, TEMPLATE_ANSWER_TIMEOUT
 from executor.workers.cgroups import CgroupSupport
 from protocol import Call, Result, encode
 from protocol.environment import ALWAYS, ALWAYS_PREFIXES

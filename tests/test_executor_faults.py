@@ -578,7 +578,7 @@ def test_a_fresh_worker_exits_soon_after_its_answer_and_is_replaced(
 ) -> None:
     """A fresh worker exits once it has answered, well before it would be killed for lingering
     (RETIRE_GRACE), and its replacement is forked ahead, whether calls come apart or back to back."""
-    from executor.pool import RETIRE_GRACE
+    from executor.slot import RETIRE_GRACE
 
     client = make_client(workers=2)
     used = []

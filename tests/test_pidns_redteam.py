@@ -37,7 +37,7 @@ import pytest
 
 from controller import ExecutorClient, ExecutorUnavailable, LocalExecutor
 from controller.local import executor_environment
-from executor.pool import RETIRE_GRACE
+from executor.slot import RETIRE_GRACE
 from executor.workers.cgroups import CgroupSupport
 from protocol import Call, Result
 from tests.conftest import TESTS, host_pid, nspid, pid_namespaces, require_layer

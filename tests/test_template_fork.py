@@ -193,24 +193,21 @@ def test_the_supervisor_holds_a_pidfd_per_worker_and_drops_it_at_the_workers_exi
 
 
 def test_a_pid_whose_pidfd_was_closed_is_never_signalled() -> None:
-    """In-process, WorkerPool's rule: a worker is killed through its pidfd; once its exit closed the
-    pidfd, its number (which another process may hold by then) is left alone."""
-    from executor.pool import WorkerPool
-    from executor.workers.worker import WorkerConfig
-    from protocol import Limits
+    """In-process, the pool's rule (``executor.slot.Pids``): a worker is killed through its pidfd; once
+    its exit closed the pidfd, its number (which another process may hold by then) is left alone."""
+    from executor.slot import Pids
 
-    pool = WorkerPool(WorkerConfig(targets=[], limits=Limits()), size=1, on_done=lambda *_: None,
-                      next_job=lambda: None)
+    pool = Pids()
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         pool.have_pidfds = True
-        pool._signal(bystander.pid)  # as if a worker of that pid had exited and been forgotten
+        pool.signal(bystander.pid)  # as if a worker of that pid had exited and been forgotten
         with pytest.raises(subprocess.TimeoutExpired):
             bystander.wait(0.2)
         pool.pidfds[bystander.pid] = os.pidfd_open(bystander.pid)
-        pool._signal(bystander.pid)
+        pool.signal(bystander.pid)
         assert bystander.wait(10) == -signal.SIGKILL
-        pool._forget_pidfd(bystander.pid)
+        pool.forget(bystander.pid)
         assert not pool.pidfds
     finally:
         bystander.kill()
