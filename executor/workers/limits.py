@@ -1,4 +1,5 @@
-"""Applying a ``Limits`` value to a worker: the one place rlimits are set.
+"""Applying a ``Limits`` value to a worker: the one place rlimits are set, and the table (``TABLE``)
+of every limit's mechanism and the code that applies it.
 
 Limits arrive as one ``protocol.Limits`` value, built from the command line defaults, a tool's own
 timeout and a call's own timeout, cut to the operator's ceiling (``--max-timeout``) whichever of
@@ -22,12 +23,45 @@ from __future__ import annotations
 
 import math
 import resource
+from dataclasses import dataclass
 
 from protocol import Call, Limits, ToolSpec
 from protocol.messages import MAX_TIMEOUT_S
 
 _INF = resource.RLIM_INFINITY
 _RLIM_MAX = 2**63 - 1  # setrlimit refuses larger values (OverflowError), which would kill the worker
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """How one ``Limits`` field is enforced: the mechanism, and the function or method (dotted, as
+    ``module:qualname``) that applies it."""
+
+    how: str
+    where: str
+
+
+# Every field of ``protocol.Limits`` -> how it is enforced -> where. Each ``where`` names code that
+# exists (tests/test_limits.py resolves them), and every field has a row. The defaults live only
+# in ``protocol.Limits``.
+TABLE: dict[str, tuple[Mechanism, ...]] = {
+    "timeout_s": (Mechanism("wall clock: the supervisor kills the worker at the call's deadline",
+                            "executor.pool:WorkerPool._run_expired"),),
+    "cpu_s": (Mechanism("RLIMIT_CPU, soft (SIGXCPU: a timeout) and hard one second above",
+                        "executor.workers.limits:apply_call_limits"),),
+    "memory_mb": (Mechanism("RLIMIT_DATA", "executor.workers.limits:apply_call_limits"),
+                  Mechanism("control group memory.max (v2) or memory.limit_in_bytes (v1), swap off",
+                            "executor.workers.cgroups:CgroupSupport.create")),
+    "processes": (Mechanism("control group pids.max (where a pids controller is delegated)",
+                            "executor.workers.cgroups:CgroupSupport.create"),),
+    "open_files": (Mechanism("RLIMIT_NOFILE", "executor.workers.limits:apply_process_limits"),),
+    "file_size_mb": (Mechanism("RLIMIT_FSIZE", "executor.workers.limits:apply_process_limits"),),
+    "max_output_kb": (Mechanism("output cap: stdout and stderr read up to it, then the worker is killed",
+                                "executor.slot:Worker.read_output"),),
+    "max_result_kb": (Mechanism("the worker refuses to send a larger value", "executor.workers.worker:_encode_value"),
+                      Mechanism("reply cap: a larger frame is cut off before it is read",
+                                "executor.workers.channel:reply_cap")),
+}
 
 
 def requested_timeout(default: float, spec: ToolSpec | None, call: Call | None) -> float:
