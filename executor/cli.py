@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "status":
         return _status(args)
     if args.command == "selfcheck":
-        from executor import selfcheck
+        from executor.sandbox import selfcheck
 
         return selfcheck.main(as_json=args.json, quiet=not args.verbose, workspace_rw=args.workspace_rw)
     if args.command == "keygen":
@@ -353,7 +353,7 @@ def _serve(args: argparse.Namespace) -> int:
     args.tools = [os.path.abspath(t) if t.endswith(".py") or os.sep in t else t for t in args.tools]
     args.workspace = os.path.abspath(args.workspace) if args.workspace else None
     if args.profile == "hardened":
-        from executor.selfcheck import start_hardened
+        from executor.sandbox.start import start_hardened
 
         if code := start_hardened(args):  # refuses, or runs the selfcheck and builds the profile
             return code

@@ -22,11 +22,11 @@ import pytest
 from llm_stub import LLMStub
 
 from controller import ExecutorClient, cli
-from executor import hardening
+from executor.sandbox import layers
 
 ROOT = Path(__file__).parent.parent
 CI_DOC = ROOT / "docs" / "ci.md"
-MISSING = hardening.probe_all()
+MISSING = layers.probe_all()
 RUN_WITHIN = 240  # seconds: Python, the hardened selfcheck and three model steps on a loaded machine
 
 

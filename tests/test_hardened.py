@@ -1,4 +1,4 @@
-"""The hardened profile, attacked for real: every escape of ``executor.selfcheck`` as its own test
+"""The hardened profile, attacked for real: every escape of ``executor.sandbox.selfcheck`` as its own test
 against a real ``serve --profile hardened`` (real namespaces, cgroups, seccomp, Landlock), a
 scripted model driving ``run_shell`` through the same escapes, the start-up gate, and the host left
 as it was found. They need root and the kernel features; elsewhere they skip, naming what is
@@ -29,12 +29,16 @@ import pytest
 from controller import LocalExecutor
 from controller.ciayn import CiaynAgent
 from controller.models import ScriptedModel
-from executor import hardening, selfcheck
+from executor.sandbox import mounts, seccomp, selfcheck, start
+from executor.sandbox.config import HardenedConfig
+from executor.sandbox.identity import NOBODY
+from executor.sandbox.layers import LAYER_NAMES, LAYERS, probe_all
+from executor.sandbox.profile import Sandbox
 from protocol import Call, Result
 
 TOOLS = str(Path(__file__).parent / "tools" / "hostile_hardened.py")
 SHELL = ["executor.toolkits.builtin", "executor.toolkits.shell"]  # the README's CI recipe
-MISSING = hardening.probe_all()
+MISSING = probe_all()
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"this machine lacks hardened layers: {MISSING}")
 
 
@@ -203,7 +207,7 @@ def test_worker_view_is_scratch_with_the_workspace_named(shell_executor: tuple[A
     client, local = shell_executor
     result = client.call_text("where_am_i()")
     assert result.ok, result.error
-    assert result.value["pid"] == 1 and result.value["uid"] == hardening.NOBODY
+    assert result.value["pid"] == 1 and result.value["uid"] == NOBODY
     assert result.value["cwd"] == "/tmp" and result.value["home"] == "/tmp" and result.value["tmpdir"] == "/tmp"
     assert result.value["workspace"] == str(local.workspace)
     assert client.call_text("scratch_roundtrip(megabytes=8)").value == 8 << 20
@@ -230,19 +234,19 @@ def _serve_args(**overrides: Any) -> argparse.Namespace:
 
 def test_hardened_refuses_naming_a_layer_the_machine_lacks(monkeypatch: pytest.MonkeyPatch,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(hardening, "probe_all", lambda: {"landlock": "the kernel has no Landlock"})
+    monkeypatch.setattr("executor.sandbox.layers.probe_all", lambda: {"landlock": "the kernel has no Landlock"})
     args = _serve_args()
-    assert selfcheck.start_hardened(args) == 1
+    assert start.start_hardened(args) == 1
     assert "landlock (the kernel has no Landlock)" in capsys.readouterr().err
     assert getattr(args, "confinement", None) is None
 
 
 def test_allow_degraded_serves_without_the_missing_layer_loudly(monkeypatch: pytest.MonkeyPatch,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(hardening, "probe_all", lambda: {"landlock": "the kernel has no Landlock"})
+    monkeypatch.setattr("executor.sandbox.layers.probe_all", lambda: {"landlock": "the kernel has no Landlock"})
     monkeypatch.setattr("atexit.register", lambda fn: fn)
     args = _serve_args(allow_degraded=True)
-    assert selfcheck.start_hardened(args) == 0
+    assert start.start_hardened(args) == 0
     assert "DEGRADED" in capsys.readouterr().err
     sandbox = args.confinement
     assert sandbox is not None and "landlock" not in sandbox.names and "seccomp" in sandbox.names
@@ -250,23 +254,23 @@ def test_allow_degraded_serves_without_the_missing_layer_loudly(monkeypatch: pyt
 
 @pytest.mark.parametrize("flag", [{"reuse_workers": True}, {"no_cgroups": True}])
 def test_hardened_refuses_options_that_would_weaken_it(flag: dict[str, bool]) -> None:
-    assert selfcheck.start_hardened(_serve_args(**flag)) == 2
+    assert start.start_hardened(_serve_args(**flag)) == 2
 
 
 def test_hardened_refuses_a_workspace_its_uid_cannot_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
-    assert selfcheck.start_hardened(_serve_args(workspace=str(private))) == 2
+    assert start.start_hardened(_serve_args(workspace=str(private))) == 2
     assert "cannot read the workspace" in capsys.readouterr().err
     private.chmod(0o555)
-    assert selfcheck.start_hardened(_serve_args(workspace=str(private), workspace_rw=True)) == 2
+    assert start.start_hardened(_serve_args(workspace=str(private), workspace_rw=True)) == 2
     assert "chmod u+rwx" in capsys.readouterr().err
 
 
 def test_seccomp_program_is_well_formed() -> None:
-    program = hardening.seccomp_program()
+    program = seccomp.seccomp_program()
     assert len(program) % 8 == 0 and len(program) // 8 < 4096
-    assert len(hardening.DENIED_SYSCALLS) == len(set(hardening.DENIED_SYSCALLS))
+    assert len(seccomp.DENIED_SYSCALLS) == len(set(seccomp.DENIED_SYSCALLS))
 
 
 def test_result_lists_the_layers_and_a_cpu_hog_is_a_timeout(make_client: Any, tmp_path: Path) -> None:
@@ -274,7 +278,7 @@ def test_result_lists_the_layers_and_a_cpu_hog_is_a_timeout(make_client: Any, tm
     the kernel does not deliver SIGXCPU) is still answered ``timeout``, as under the default profile."""
     tmp_path.chmod(0o755)
     faulty = str(Path(__file__).parent / "tools" / "faulty.py")
-    for profile, layers in (("default", []), ("hardened", list(hardening.LAYER_NAMES))):
+    for profile, layers in (("default", []), ("hardened", list(LAYER_NAMES))):
         client = make_client(tools=[faulty], workspace=tmp_path, profile=profile, cpu_s=1, timeout=20)
         noop = client.call_text("noop()")
         assert noop.ok and noop.worker.layers == layers
@@ -369,8 +373,8 @@ def test_a_fork_that_failed_after_the_pid_namespace_was_prepared_does_not_wedge_
     if pid == 0:
         code = 1
         try:
-            sandbox = hardening.Sandbox(hardening.HardenedConfig(workspace=str(tmp_path)),
-                                        tuple(layer for layer in hardening.LAYERS if layer.name == "pid-ns"))
+            sandbox = Sandbox(HardenedConfig(workspace=str(tmp_path)),
+                              tuple(layer for layer in LAYERS if layer.name == "pid-ns"))
             sandbox.before_fork()
             sandbox.before_fork()  # the fork in between "failed"
             child = os.fork()
@@ -429,8 +433,8 @@ def test_the_hostile_tool_suite_holds_under_hardened(name: str, hardened_attack_
 
 def test_workspace_rw_refuses_a_workspace_that_cannot_be_idmapped(capsys: pytest.CaptureFixture[str]) -> None:
     """sysfs takes no idmapped mount: --workspace-rw on it is refused before serving, saying why."""
-    assert hardening.check_idmap(tempfile.mkdtemp()) is None  # ext4 here: fine
-    assert selfcheck.start_hardened(_serve_args(workspace="/sys/kernel", workspace_rw=True)) == 1
+    assert mounts.check_idmap(tempfile.mkdtemp()) is None  # ext4 here: fine
+    assert start.start_hardened(_serve_args(workspace="/sys/kernel", workspace_rw=True)) == 1
     assert "idmapped mount" in capsys.readouterr().err
 
 

@@ -1,5 +1,5 @@
 """``serve --profile hardened --workspace-rw``: each call's writes are a transaction bounded by
-``--workspace-quota`` (``executor.overlay``). A real hardened executor (real namespaces, overlay,
+``--workspace-quota`` (``executor.sandbox.overlay``). A real hardened executor (real namespaces, overlay,
 tmpfs, seccomp, Landlock) serves ``tests/tools/workspace_filler.py``; every hostile way of filling
 the disk is tried, and the host's workspace is judged afterwards. They need root and the kernel's
 layers; elsewhere they skip, naming what is missing (on CI, as root, a missing layer fails)."""
@@ -25,13 +25,15 @@ import pytest
 from conftest import require_layer
 
 from controller import ExecutorClient
-from executor import hardening, overlay, selfcheck
+from executor.sandbox import overlay, start
+from executor.sandbox.layers import probe_all
+from executor.sandbox.mounts import check_idmap
 from protocol import Call, Result
 
 TOOLS = str(Path(__file__).parent / "tools" / "workspace_filler.py")
 QUOTA_MB = 8
 OWNER = 4242  # the workspace's owner on the host: what the tools act as, and what applied files belong to
-MISSING = hardening.probe_all()
+MISSING = probe_all()
 
 
 @dataclass
@@ -100,7 +102,7 @@ def served() -> Iterator[Served]:
     workspace = top / "workspace"
     workspace.mkdir()
     os.chown(workspace, OWNER, OWNER)
-    problem = hardening.check_idmap(str(workspace))
+    problem = check_idmap(str(workspace))
     require_layer(problem is None, f"the workspace's filesystem takes no idmapped overlay: {problem}")
     s = _start(top, workspace)
     yield s
@@ -399,7 +401,7 @@ def test_a_workspace_whose_path_an_overlay_cannot_take_is_refused_before_serving
     args = argparse.Namespace(reuse_workers=False, no_cgroups=False, bind="ipc:///tmp/x/executor.sock", connect=None,
                               curve_secret=None, workspace=str(odd), workspace_rw=True, allow_degraded=False,
                               skip_selfcheck=True, pass_env=[], workspace_quota=QUOTA_MB)
-    assert selfcheck.start_hardened(args) == 2
+    assert start.start_hardened(args) == 2
     err = capsys.readouterr().err
     assert "an overlay's layer path cannot" in err and ", :" in err
 
@@ -410,7 +412,7 @@ def test_the_quota_reaches_the_hardened_profile(monkeypatch: pytest.MonkeyPatch,
     args = argparse.Namespace(reuse_workers=False, no_cgroups=False, bind="ipc:///tmp/x/executor.sock", connect=None,
                               curve_secret=None, workspace=str(tmp_path), workspace_rw=True, allow_degraded=False,
                               skip_selfcheck=True, pass_env=[], workspace_quota=3, max_result_kb=64)
-    assert selfcheck.start_hardened(args) == 0
+    assert start.start_hardened(args) == 0
     sandbox = args.confinement
     assert sandbox is not None and sandbox.keeper
     assert (sandbox.config.workspace_quota_mb, sandbox.config.max_result_kb) == (3, 64)

@@ -162,11 +162,10 @@ def test_the_static_check_finds_every_import_form(tmp_path: Path) -> None:
 # profile: it is passed in as a ``Confinement`` (executor/workers/confinement.py), so a default template
 # carries none of its code.
 WORKER_SIDE_FORBIDDEN = (
-    "zmq", "asyncio", "threading", "logging.handlers", "pydantic", "concurrent", "executor.hardening",
-    "executor.overlay",
+    "zmq", "asyncio", "threading", "logging.handlers", "pydantic", "concurrent", "executor.sandbox",
     "executor.supervisor", "executor.pool", "executor.clientside", "executor.broker",
     "executor.calls", "executor.cli", "executor.status", "executor.metrics", "executor.fairqueue",
-    "executor.journal", "executor.selfcheck", "controller", *MODEL_STACK,
+    "executor.journal", "controller", *MODEL_STACK,
 )
 
 
@@ -185,7 +184,34 @@ def test_importing_every_workers_module_starts_no_zeromq_or_event_loop() -> None
         "    importlib.import_module(m.name)")
     assert "executor.workers.worker" in modules
     assert [m for m in modules if m.split(".")[0] in ("zmq", "asyncio") or m.startswith("executor.supervisor")] == []
-    assert [m for m in modules if m in ("executor.hardening", "executor.overlay", "executor.selfcheck")] == []
+    assert [m for m in modules if m.startswith("executor.sandbox")] == []
+
+
+# The hardened profile (executor/sandbox/) runs in the template and the workers it forks (profile, layers,
+# keeper, the selfcheck's attempts) or gates the start in the CLI's process (start, selfcheck): no event loop,
+# nothing of the supervisor's side. Only the selfcheck's judge speaks ZeroMQ: it is a client of the hardened
+# executor it starts, and no template or worker imports it.
+SANDBOX_FORBIDDEN = (
+    "zmq", "asyncio", "executor.supervisor", "executor.pool", "executor.clientside", "executor.broker",
+    "executor.calls", "executor.keeper", "executor.cli", "controller", *MODEL_STACK,
+)
+SANDBOX_ZMQ_CLIENT = "executor/sandbox/selfcheck.py:"
+
+
+def test_the_sandbox_imports_nothing_of_the_supervisors_side() -> None:
+    offending = _offending("executor/sandbox", lambda module: _matches(module, SANDBOX_FORBIDDEN), at_least=10)
+    assert [o for o in offending if not (o.startswith(SANDBOX_ZMQ_CLIENT) and o.endswith(": zmq"))] == []
+
+
+def test_what_a_template_loads_of_the_sandbox_starts_no_zeromq() -> None:
+    """A template restores its profile from ``executor.sandbox.profile`` (``Confinement`` from_wire), and the
+    selfcheck's executor imports ``executor.sandbox.attempts`` as its tools: neither loads ZeroMQ, an event
+    loop, the supervisor's side or the selfcheck's judge."""
+    modules = _modules_after("import executor.sandbox.profile, executor.sandbox.attempts")
+    assert "executor.sandbox.layers" in modules and "executor.sandbox.keeper" in modules
+    above = ("executor.supervisor", "executor.pool", "executor.clientside", "executor.sandbox.selfcheck",
+             "executor.sandbox.start")
+    assert [m for m in modules if m.split(".")[0] in ("zmq", "asyncio") or _matches(m, above)] == []
 
 
 def _executor_graph() -> dict[str, set[str]]:
@@ -234,7 +260,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str]:
 
 def test_no_import_circle_in_the_executor() -> None:
     """A package's __init__ importing its own modules is no circle; any other loop is (the one that was held
-    open by late imports: hardening -> overlay -> worker -> hardening)."""
+    open by late imports: hardening -> overlay -> worker -> hardening, now executor/sandbox/)."""
     graph = _executor_graph()
     for package in ("executor", "executor.workers", "executor.toolkits"):  # an __init__'s re-exports
         graph[package] = set()
@@ -251,5 +277,5 @@ def test_the_client_side_knows_nothing_of_workers_or_the_call_table() -> None:
     """executor/clientside/ (a bound ROUTER, a link to a broker) only moves messages: it imports no worker,
     pool, call table, supervisor or broker module."""
     below = ("executor.workers", "executor.pool", "executor.calls", "executor.supervisor", "executor.broker",
-             "executor.hardening", "executor.overlay")
+             "executor.sandbox")
     assert _offending("executor/clientside", lambda module: _matches(module, below), at_least=3) == []

@@ -1,4 +1,4 @@
-"""The keeper's apply step (``executor.overlay.commit``) as a transaction, beyond what the red team's
+"""The keeper's apply step (``executor.sandbox.overlay.commit``) as a transaction, beyond what the red team's
 tests (tests/test_overlay_redteam.py, against real executors) reach: a keeper killed at each step
 (after its copy, before its steps in place) and what the next apply or the executor's exit removes,
 copies unnamed within the default descriptor limit, the walk's bounds, the ``Applying`` notice (sent
@@ -16,7 +16,7 @@ from unittest import mock
 
 import pytest
 
-from executor import overlay
+from executor.sandbox import keeper, overlay
 from executor.workers import framing
 from executor.workers.channel import Applying, Reply
 
@@ -239,9 +239,9 @@ def test_the_walk_measures_past_path_max_and_is_bounded_in_depth_and_work(tmp_pa
 
 def test_the_calls_own_applying_notice_is_forwarded_as_a_malformed_message() -> None:
     forged = framing.pack(Applying(seq=3).to_wire())
-    judged = overlay._as_the_calls(forged)
-    assert judged != forged and Applying.from_wire(overlay._decode(judged)) is None
+    judged = keeper._as_the_calls(forged)
+    assert judged != forged and Applying.from_wire(keeper._decode(judged)) is None
     with pytest.raises(ValueError):
-        Reply.from_wire(overlay._decode(judged))
+        Reply.from_wire(keeper._decode(judged))
     reply = framing.pack(Reply(seq=3, ok=True, value="applying").to_wire())
-    assert overlay._as_the_calls(reply) is reply
+    assert keeper._as_the_calls(reply) is reply

@@ -1,4 +1,4 @@
-"""Red team of ``serve --profile hardened --workspace-rw`` (``executor.overlay``): a hostile tool tries
+"""Red team of ``serve --profile hardened --workspace-rw`` (``executor.sandbox.overlay``): a hostile tool tries
 to write outside the workspace through the keeper's apply step, to pass ``--workspace-quota``, to
 wedge the keeper, to leave something behind and to read what it should not. Real hardened executors
 serve tests/tools/overlay_attacks.py next to tests/tools/workspace_filler.py, as in
@@ -28,7 +28,7 @@ import pytest
 from conftest import require_layer
 from test_hardened_quota import MISSING, OWNER, QUOTA_MB, Served, _added, _stop
 
-from executor import hardening
+from executor.sandbox.mounts import check_idmap
 from protocol import Call, Result
 
 TOOLS = [str(Path(__file__).parent / "tools" / name) for name in ("workspace_filler.py", "overlay_attacks.py")]
@@ -63,7 +63,7 @@ def _workspace_dir() -> tuple[Path, Path]:
     workspace = top / "workspace"
     workspace.mkdir()
     os.chown(workspace, OWNER, OWNER)
-    problem = hardening.check_idmap(str(workspace))
+    problem = check_idmap(str(workspace))
     require_layer(problem is None, f"the workspace's filesystem takes no idmapped overlay: {problem}")
     return top, workspace
 
@@ -539,7 +539,7 @@ def test_a_running_call_does_not_outlive_an_executor_that_is_killed() -> None:
     """Was a hole (fixed by fddef9f, kept as its regression test): a call still running when the executor
     is SIGKILLed (or dies: OOM killer, crash) goes on running, sandboxed but forever, reparented to the
     host's init, with its cgroups, mount namespace, overlay and upper tmpfs. Its keeper dies
-    (PR_SET_PDEATHSIG from _worker_setup), but the call's process, which hardening.Sandbox._split gives
+    (PR_SET_PDEATHSIG from _worker_setup), but the call's process, which keeper.split gives
     PR_SET_PDEATHSIG, loses it when the identity layer's setresuid changes its credentials (the kernel
     clears the parent-death signal then). The keeper kills the call when it sees its channel's EOF, but
     that races with its own PDEATHSIG (the template dies of the supervisor's death and the keepers of

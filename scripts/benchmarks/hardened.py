@@ -39,7 +39,7 @@ from .paths import RESULTS, ROOT
 # imported where they are used: when one moves inside executor/, this benchmark fails when it runs
 # (the hardened_layers figure records why), not the discovery of every other figure.
 
-NOOP = ("hold", {"seconds": 0.0})  # a tool of executor.selfcheck that returns at once
+NOOP = ("hold", {"seconds": 0.0})  # a tool of executor.sandbox.attempts that returns at once
 LOW_LOAD_GAP = 0.03  # seconds between low-load calls: the replacement worker is ready again
 
 
@@ -50,12 +50,12 @@ def _pct(xs: list[float], q: float) -> float:
 
 def _serve(profile: str, workdir: str, workers: int,
            extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], Any]:
-    from executor.selfcheck import _Client
+    from executor.sandbox.selfcheck import _Client
 
     sockdir = tempfile.mkdtemp(prefix="ciayn-bench-sock-")  # mode 0700: the executor refuses any other
     atexit.register(shutil.rmtree, sockdir, ignore_errors=True)  # the executor removes only its socket file
     sock = os.path.join(sockdir, f"{profile}.sock")
-    cmd = [sys.executable, "-m", "executor.cli", "serve", "--tools", "executor.selfcheck", "--bind", f"ipc://{sock}",
+    cmd = [sys.executable, "-m", "executor.cli", "serve", "--tools", "executor.sandbox.attempts", "--bind", f"ipc://{sock}",
            "--workers", str(workers), "--profile", profile, "--log-level", "warning", "--workspace", workdir,
            "--parent-pid", str(os.getpid()), *extra]
     if profile == "hardened":
@@ -137,7 +137,8 @@ def _prepare_once(sandbox: Any, support: Any, n: int) -> tuple[float, dict[str, 
 
 def _preparation(workdir: str, rounds: int) -> dict[str, Any]:
     """Worker preparation in a child process that plays the template (its mount namespace is its own)."""
-    from executor import hardening
+    from executor.sandbox.config import HardenedConfig
+    from executor.sandbox.profile import activate
     from executor.workers.cgroups import CgroupSupport
 
     r, w = os.pipe()
@@ -149,8 +150,8 @@ def _preparation(workdir: str, rounds: int) -> dict[str, Any]:
             support = CgroupSupport.detect()
             assert support is not None, "no control groups here"
             out["default_ms"] = statistics.median(_prepare_once(None, support, i)[0] for i in range(rounds)) * 1000
-            config = hardening.HardenedConfig(workspace=workdir)
-            sandbox = hardening.activate(config)
+            config = HardenedConfig(workspace=workdir)
+            sandbox = activate(config)
             first, _ = _prepare_once(sandbox, support, -1)  # builds the read-only root once
             out["template_first_ms"] = first * 1000
             runs = [_prepare_once(sandbox, support, rounds + i) for i in range(rounds)]
@@ -177,9 +178,9 @@ def _preparation(workdir: str, rounds: int) -> dict[str, Any]:
 
 def bench(calls: int = 200, seconds: float = 5.0, workers: int = 2, rounds: int = 30) -> dict[str, Any]:
     """Measure both profiles; returns the figures and whether each target was met."""
-    from executor import hardening
+    from executor.sandbox.layers import probe_all
 
-    missing = hardening.probe_all()
+    missing = probe_all()
     if missing:
         raise RuntimeError(f"the hardened profile needs layers this machine lacks: {missing}")
     workdir = tempfile.mkdtemp(prefix="ciayn-bench-hardened-")
@@ -215,7 +216,7 @@ APPLY_FILES, APPLY_BYTES = 100, 10 * 1000 * 1000  # one call's changes: 100 file
 def _applies(rounds: int) -> list[float]:
     """``overlay.commit`` alone, ``rounds`` times, in a child with a mount namespace of its own:
     an upper layer (tmpfs) holding 100 new files of 100 kB applied to an empty workspace."""
-    from executor import hardening, overlay
+    from executor.sandbox import kernel, mounts, overlay
 
     top = tempfile.mkdtemp(prefix="ciayn-bench-apply-", dir="/var/tmp")  # removed here once the child is gone
     r, w = os.pipe()
@@ -224,14 +225,14 @@ def _applies(rounds: int) -> list[float]:
         os.close(r)
         out: Any = []
         try:
-            libc = hardening._libc
-            assert libc.unshare(hardening.CLONE_NEWNS) == 0, "unshare(CLONE_NEWNS)"
-            hardening._mount(None, "/", None, hardening.MS_REC | hardening.MS_PRIVATE)
+            libc = kernel.libc
+            assert libc.unshare(kernel.CLONE_NEWNS) == 0, "unshare(CLONE_NEWNS)"
+            mounts.mount(None, "/", None, kernel.MS_REC | kernel.MS_PRIVATE)
             for i in range(rounds):
                 upper, workspace = f"{top}/upper{i}", f"{top}/ws{i}"
                 os.makedirs(upper)
                 os.makedirs(workspace)
-                hardening._mount("tmpfs", upper, "tmpfs", 0, "size=64m")
+                mounts.mount("tmpfs", upper, "tmpfs", 0, "size=64m")
                 data = b"a" * (APPLY_BYTES // APPLY_FILES)
                 for n in range(APPLY_FILES):
                     with open(f"{upper}/f{n}", "wb") as f:
@@ -259,9 +260,9 @@ def _applies(rounds: int) -> list[float]:
 
 def bench_workspace_rw(calls: int = 200, rounds: int = 20, workers: int = 2, seconds: float = 5.0) -> dict[str, Any]:
     """What ``--workspace-rw`` costs under the hardened profile, side by side in one run."""
-    from executor import hardening
+    from executor.sandbox.layers import probe_all
 
-    missing = hardening.probe_all()
+    missing = probe_all()
     if missing:
         raise RuntimeError(f"the hardened profile needs layers this machine lacks: {missing}")
     workdir = tempfile.mkdtemp(prefix="ciayn-bench-rw-", dir="/var/tmp")

@@ -1,49 +1,14 @@
-"""``--workspace-rw`` under ``--profile hardened``: each call's writes to the workspace are a
-transaction, bounded by ``--workspace-quota``.
+"""``--workspace-rw``: apply one call's writes (the upper layer of its overlay) to the real workspace
+as a transaction, bounded by ``--workspace-quota``.
 
-No process that runs tool code ever writes the real workspace. A hardened worker sees it as an
-overlay: the real workspace (through the idmapped mount, so the tools act as its owner) is the
-lower layer; the upper layer is a private tmpfs of the call's own, capped at the quota in bytes
-(``size=``) and in files (``nr_inodes=``), so while the call runs it cannot add more than that,
-whatever it does (many small files, sparse files, hard links, racing writers: the kernel refuses
-with ENOSPC). When the call is over, the worker's **keeper** (the process the template forked,
-which forks the sandboxed process that runs the call and stays outside its sandbox) applies the
-upper layer to the real workspace, or discards it:
-
-* applied only if the worker answered the call: a reply to the request in flight reached the
-  keeper. A call that timed out, crashed or was killed (memory, output) before answering, or whose
-  reply was malformed or too large, changes nothing;
-* before anything is applied, the whole change set is checked (``_Plan``): only regular files,
-  directories, symbolic links and the overlay's own deletion marks (whiteouts, opaque directories)
-  are taken, nested at most ``MAX_DEPTH`` deep, and the workspace's size afterwards (``usage``,
-  directories at what they can take on the host) must stay within the quota (or not grow).
-  Otherwise nothing is applied and the call's result becomes an ``output_limit`` error saying why;
-* files are copied (never moved or linked: the upper layer is the tool's), each written to an
-  unnamed file (``O_TMPFILE``) and linked in whole, owned by the workspace's owner, without set-ID
-  bits; symbolic links are made as links and never followed; every file is opened from a directory
-  descriptor with ``O_NOFOLLOW``, and walks enter only what ``lstat`` shows is a directory, from
-  descriptors (no path string, so no ``PATH_MAX``), at most ``WALK_DEPTH`` deep;
-* the apply is staged (``_Stage``): every file is copied (unnamed) first and every new tree built
-  in a trash directory, then the workspace is changed by metadata steps only (renames, links), so
-  a keeper killed before that leaves nothing the workspace shows, and one killed in it the steps
-  done so far; the trash directory is removed by the next apply or at the executor's exit
-  (``recover``, from the journal, ``_Journal``); before it starts, the keeper sends the supervisor
-  ``Applying``, which gives the call ``APPLY_GRACE`` more, so its deadline does not land in the
-  apply;
-* appliers of concurrent calls take turns (``flock`` on the workspace directory).
-
-The keeper holds the call's reply until no process of the call can run any more (the sandboxed
-process is PID 1 of its namespace: stopped with no child, or dead, nothing of the call is left),
-applies, then forwards the reply, changed to the error if the changes were refused. So a result the
-client holds means the workspace already shows (or will never show) the call's writes: the next
-call sees them, and nothing of the call writes anything afterwards.
-
-Cost: a second fork per worker (ahead of the call), one hop more for the request and the reply,
-and, for a call that wrote something, the copy (and a walk of what it replaces or deletes). The
-workspace's size is walked once, by the first call that adds to it, and then tracked through every
-change applied (``commit``'s tally). Mounts live only in the keeper's and the
-worker's mount namespaces, which die with them: nothing is left on the host by construction (no
-loop device, no image file, no project quota to set up).
+``commit`` is run by the call's keeper (``executor.sandbox.keeper``), as root, once no process of
+the call can run any more: it checks the whole change set first (``_Plan``: only files,
+directories and symbolic links, at most ``MAX_DEPTH`` deep, the workspace within its quota
+afterwards, sizes as ``usage`` counts them), and applies all of it or nothing, staged so that a
+keeper killed midway leaves nothing the next apply or ``recover`` does not remove (``_Stage``,
+``_Journal``). It returns None, or why the changes were discarded, for the call's result. Files are
+copied from directory descriptors, never through a symbolic link; appliers take turns (``flock``).
+docs/security.md ("Inside the hardened profile") gives the design and its reasons.
 """
 
 from __future__ import annotations
@@ -53,23 +18,11 @@ import errno
 import fcntl
 import os
 import resource
-import select
 import shutil
-import signal
-import socket
 import stat
-import struct
 import time
 from collections.abc import Callable
-from typing import NamedTuple, NoReturn
-
-from executor.workers import framing
-from executor.workers.channel import Applying, CallRequest, ChannelError, Reply, Started, reply_cap
-from executor.workers.processes import kill_children
-from executor.workers.procfs import PF_EXITING, stat_fields
-from protocol import Limits
-from protocol.codec import unpack
-from protocol.timing import APPLY_GRACE
+from typing import NamedTuple
 
 MB = 1024 * 1024
 BLOCK = 4096  # every name counts at least this much (and sizes are rounded up to it): bounds files too
@@ -87,8 +40,6 @@ WHITEOUT_RDEV = 0  # overlayfs marks a deletion with a character device 0:0
 OPAQUE_XATTR = "trusted.overlay.opaque"  # a directory that hides the lower one of its name
 OVERLAY_OPTIONS = "redirect_dir=off,index=off,metacopy=off,xino=off"  # no metadata-only copy-ups, no redirects
 STOP_WAIT = 5.0  # seconds the keeper waits for an answered call to stop before killing it
-_HEADER = struct.Struct("!I")
-_READ = 1 << 16
 
 
 class Refused(Exception):
@@ -558,52 +509,64 @@ def commit(upper: str, workspace: str, quota: int, tally: str | None = None,
         if announce is not None:
             announce()
         until = None if within is None else time.monotonic() + within
-        st = os.fstat(ws)
-        owner = (st.st_uid, st.st_gid)
         journal = _Journal(ws, tally)
         try:
-            _lock(ws, LOCK_WAIT if until is None else max(0.0, min(LOCK_WAIT, until - time.monotonic())))
-            journal.recover()  # what an apply killed midway left
-            plan = _Plan(quota)
-            plan.directory(up, ws, st.st_size, 0, ())
-            before = _read_tally(tally)
-            if plan.delta > 0 and (before is None or before + plan.delta > quota):
-                before = tree_usage(ws, quota)  # measured: the first time, or before refusing
-                _write_tally(tally, before if before <= quota else None)  # a walk cut short is a lower bound
-                if before + plan.delta > quota:
-                    return (f"the call's changes to the workspace were discarded: they would take it to "
-                            f"{(before + plan.delta) / MB:.2f} MB or more, over its quota of {quota / MB:g} MB "
-                            f"(--workspace-quota; it held {before / MB:.2f} MB or more)")
+            plan, before = _judge(up, ws, quota, tally, journal, until)
         except Refused as e:
             return f"the call's changes to the workspace were discarded: {e}"
-        token = os.urandom(8).hex()
         _write_tally(tally, None)  # unknown while applying (a keeper killed meanwhile leaves none)
-        stage = _Stage(ws, owner, token, journal, _fd_budget(plan.depth))
-        try:
-            try:
-                stage.copy(up, ws, ())
-                if until is not None and time.monotonic() > until:
-                    raise Refused(f"applying them took more than {within:g} s")
-                stage.trash()  # journal and trash directory before the first step in place
-            except (OSError, Refused) as e:
-                why = e if isinstance(e, Refused) else f"they could not be copied to it ({e})"
-                return f"the call's changes to the workspace were discarded: {why}"
-            try:
-                stage.put_in_place()
-            except (OSError, RecursionError) as e:  # the host changed the workspace under the apply
-                return (f"the call's changes to the workspace could not all be applied ({e}): "
-                        f"{stage.placed} of {len(stage.ops)} were put in place")
-        finally:
-            if stage.empty_trash():
-                with contextlib.suppress(OSError):  # the next apply finds nothing to remove then
-                    journal.write(None)
-            stage.close()
-        if before is not None:
+        problem = _apply(up, ws, plan, journal, until, within)
+        if problem is None and before is not None:
             _write_tally(tally, max(0, before + plan.delta))
-        return None
+        return problem
     finally:
         os.close(up)
         os.close(ws)
+
+
+def _judge(up: int, ws: int, quota: int, tally: str | None, journal: _Journal,
+           until: float | None) -> tuple[_Plan, int | None]:
+    """Take the lock, remove what an apply killed midway left, and plan the change set: the plan and
+    the workspace's size before it (None: unknown), or ``Refused`` saying why nothing is applied."""
+    _lock(ws, LOCK_WAIT if until is None else max(0.0, min(LOCK_WAIT, until - time.monotonic())))
+    journal.recover()  # what an apply killed midway left
+    plan = _Plan(quota)
+    plan.directory(up, ws, os.fstat(ws).st_size, 0, ())
+    before = _read_tally(tally)
+    if plan.delta > 0 and (before is None or before + plan.delta > quota):
+        before = tree_usage(ws, quota)  # measured: the first time, or before refusing
+        _write_tally(tally, before if before <= quota else None)  # a walk cut short is a lower bound
+        if before + plan.delta > quota:
+            raise Refused(f"they would take it to {(before + plan.delta) / MB:.2f} MB or more, over its quota "
+                          f"of {quota / MB:g} MB (--workspace-quota; it held {before / MB:.2f} MB or more)")
+    return plan, before
+
+
+def _apply(up: int, ws: int, plan: _Plan, journal: _Journal, until: float | None,
+           within: float | None) -> str | None:
+    """Apply a planned change set in ``_Stage``'s steps, the lock held: None, or what went wrong."""
+    st = os.fstat(ws)
+    stage = _Stage(ws, (st.st_uid, st.st_gid), os.urandom(8).hex(), journal, _fd_budget(plan.depth))
+    try:
+        try:
+            stage.copy(up, ws, ())
+            if until is not None and time.monotonic() > until:
+                raise Refused(f"applying them took more than {within:g} s")
+            stage.trash()  # journal and trash directory before the first step in place
+        except (OSError, Refused) as e:
+            why = e if isinstance(e, Refused) else f"they could not be copied to it ({e})"
+            return f"the call's changes to the workspace were discarded: {why}"
+        try:
+            stage.put_in_place()
+        except (OSError, RecursionError) as e:  # the host changed the workspace under the apply
+            return (f"the call's changes to the workspace could not all be applied ({e}): "
+                    f"{stage.placed} of {len(stage.ops)} were put in place")
+    finally:
+        if stage.empty_trash():
+            with contextlib.suppress(OSError):  # the next apply finds nothing to remove then
+                journal.write(None)
+        stage.close()
+    return None
 
 
 def _fd_budget(depth: int) -> int:
@@ -700,246 +663,3 @@ def _write_tally(path: str | None, size: int | None) -> None:
     with open(temp, "w") as f:
         f.write(str(size))
     os.rename(temp, path)
-
-
-# --------------------------------------------------------------------------------------------------
-# the keeper: between the supervisor and the sandboxed process that runs the call
-
-
-class _Frames:
-    """Splits a byte stream of length-prefixed frames (``executor.workers.framing``) without decoding it,
-    so frames can be forwarded byte for byte."""
-
-    def __init__(self) -> None:
-        self.buf = bytearray()
-
-    def feed(self, data: bytes) -> None:
-        self.buf += data
-
-    def size(self) -> int | None:
-        """The body size the next frame announces, once its header is in."""
-        return _HEADER.unpack_from(self.buf)[0] if len(self.buf) >= _HEADER.size else None
-
-    def pop(self) -> bytes | None:
-        size = self.size()
-        if size is None or len(self.buf) < _HEADER.size + size:
-            return None
-        frame = bytes(self.buf[: _HEADER.size + size])
-        del self.buf[: _HEADER.size + size]
-        return frame
-
-
-def _exiting(pid: int) -> bool:
-    """Whether every thread of ``pid`` is in its exit (``PF_EXITING``): none runs code any more."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            fields = stat_fields(f"/proc/{pid}/task/{tid}/stat")
-        except FileNotFoundError:
-            continue  # that thread is gone
-        if not int(fields[6]) & PF_EXITING:
-            return False
-    return True
-
-
-def _has_children(pid: int) -> bool:
-    """Whether ``pid`` has a child (running or not yet reaped), from /proc: any of its threads'."""
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(FileNotFoundError), open(f"/proc/{pid}/task/{tid}/children") as f:
-            if f.read().strip():
-                return True
-    return False
-
-
-def _is_start(frame: bytes) -> bool:
-    try:
-        return Started.from_wire(_decode(frame) or {}) is not None
-    except ChannelError:
-        return False  # held, and judged by the supervisor like any malformed message
-
-
-def _as_the_calls(frame: bytes) -> bytes:
-    """A frame of the child's, made fit to forward: an ``Applying`` notice is the keeper's alone, so
-    one the call sent becomes a message the supervisor refuses as malformed, as it would refuse it
-    from a worker without a keeper (the call cannot buy itself time)."""
-    if Applying.OP.encode() in frame:  # cheap test first: the reply is usually the only frame
-        obj = _decode(frame)
-        if isinstance(obj, dict) and obj.get("op") == Applying.OP:
-            return framing.pack({"op": f"{Applying.OP} (sent by the call, not its keeper)"})
-    return frame
-
-
-def _decode(frame: bytes) -> object:
-    try:
-        return unpack(frame[_HEADER.size:])
-    except Exception:  # msgpack raises many types for malformed input
-        return None
-
-
-class Keeper:
-    """The process a hardened ``--workspace-rw`` worker is, outside the sandbox: it relays the
-    channel between the supervisor and ``child`` (the sandboxed process running the call), holds
-    what ``child`` sends after its start until no process of the call runs any more, commits the
-    call's upper layer if that was the reply to the request, then forwards it. A ``child`` that dies
-    before answering is mirrored (the keeper exits with its exit code or signal, so the supervisor
-    reports the death as usual)."""
-
-    def __init__(self, chan: socket.socket, inner: socket.socket, child: int, upper: str, workspace: str,
-                 quota: int, max_result_kb: int, pid_namespace: bool = True, tally: str | None = None) -> None:
-        self.chan, self.inner, self.child = chan, inner, child
-        self.upper, self.workspace, self.quota, self.tally = upper, workspace, quota, tally
-        self.cap = reply_cap(Limits(max_result_kb=max_result_kb))
-        self.request: CallRequest | None = None
-        self.from_supervisor = _Frames()
-        self.from_child = _Frames()
-        self.held: list[bytes] = []  # frames of the child after its start, until the call is stopped
-        self.passthrough = False  # something we cannot judge: forward as is, apply nothing
-        self.pid_namespace = pid_namespace  # the child is PID 1 of its own (else: --allow-degraded)
-
-    def run(self) -> NoReturn:
-        pidfd = os.pidfd_open(self.child)
-        poller = select.poll()
-        for fd in (self.chan.fileno(), self.inner.fileno(), pidfd):
-            poller.register(fd, select.POLLIN)
-        inner_open = True
-        status: int | None = None  # the child's wait status, once it is gone
-        while True:
-            fds = {fd for fd, _ in poller.poll()}
-            if self.chan.fileno() in fds and not self._from_supervisor():
-                self._kill_child()  # the supervisor is gone (shutting down): so is the call
-                os._exit(0)
-            if inner_open and self.inner.fileno() in fds and not self._from_child():
-                poller.unregister(self.inner.fileno())
-                inner_open = False
-            if self.held and not self.passthrough:  # its answer (or what stands for it) is in
-                status = self._stop_call()
-                break
-            if pidfd in fds:
-                _, status = os.waitpid(self.child, 0)
-                break
-        while inner_open and self._from_child(block=False):  # what it sent before it stopped or died
-            pass
-        self._finish()
-        if status is None or os.WIFSTOPPED(status):  # stopped for the commit: it was about to exit anyway
-            self._kill_child()
-            os._exit(0)
-        self._exit_like(status)
-
-    def _stop_call(self) -> int | None:
-        """The child answered: make sure no process of the call runs any more before its changes are
-        read. It is sent SIGSTOP (which it cannot catch; a group stop completes once every thread is
-        out of its system call); usually it has already begun to exit (the worker exits right after
-        its reply), so every thread being in its exit (``PF_EXITING``) counts as well. Either way,
-        with no child (PID 1 of its namespace, it inherits every orphan) nothing else of the call
-        exists, and its exit, which takes milliseconds (a forked address space, namespaces to tear
-        down), is left until after the answer. With a child, it is killed with its namespace and
-        waited for. Returns its wait status if it is gone already, else None."""
-        if not self.pid_namespace:  # what it started is not bound to it: kill all (orphans come to us)
-            kill_children(wait=STOP_WAIT)
-            return None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.child, signal.SIGSTOP)
-        deadline = time.monotonic() + STOP_WAIT
-        while True:
-            pid, status = os.waitpid(self.child, os.WUNTRACED | os.WNOHANG)
-            if pid and not os.WIFSTOPPED(status):
-                return status  # gone, and its namespace with it
-            if (pid or _exiting(self.child)) and not _has_children(self.child):
-                return None
-            if pid or time.monotonic() > deadline:
-                self._kill_child()
-                return None
-            time.sleep(0.0002)
-
-    def _from_supervisor(self) -> bool:
-        data = self.chan.recv(_READ)
-        if not data:
-            return False
-        self.from_supervisor.feed(data)
-        while (frame := self.from_supervisor.pop()) is not None:
-            with contextlib.suppress(ValueError):  # ChannelError, pydantic's ValidationError
-                self.request = CallRequest.from_wire(_decode(frame))
-                if self.request.limits:
-                    self.cap = reply_cap(Limits.model_validate(self.request.limits))
-        with contextlib.suppress(OSError):  # a dead child: its exit is seen on the pidfd
-            self.inner.sendall(data)
-        return True
-
-    def _from_child(self, block: bool = True) -> bool:
-        try:
-            data = self.inner.recv(_READ, 0 if block else socket.MSG_DONTWAIT)
-        except (BlockingIOError, ConnectionError):
-            return False
-        if not data:
-            return False
-        if self.passthrough:
-            self.chan.sendall(data)
-            return True
-        self.from_child.feed(data)
-        while True:
-            size = self.from_child.size()
-            if size is not None and size > self.cap:  # the supervisor refuses it (output_limit): let it see it
-                self._pass_through()
-                return True
-            frame = self.from_child.pop()
-            if frame is None:
-                return True
-            if not self.held and _is_start(frame):
-                self.chan.sendall(frame)  # the call started: from here on it may have had effects
-            else:
-                self.held.append(frame)
-
-    def _pass_through(self) -> None:
-        self.passthrough = True
-        self.chan.sendall(b"".join(map(_as_the_calls, self.held)) + bytes(self.from_child.buf))
-        self.held.clear()
-        self.from_child.buf.clear()
-
-    def _reply(self) -> Reply | None:
-        """The child's reply to the request in flight, if that is exactly what it sent."""
-        if self.passthrough or self.request is None or len(self.held) != 1 or self.from_child.buf:
-            return None
-        try:
-            reply = Reply.from_wire(_decode(self.held[0]))
-        except (ChannelError, TypeError, ValueError):
-            return None
-        return reply if reply.seq == self.request.seq else None
-
-    def _finish(self) -> None:
-        """Every process of the call is stopped or gone: commit if the child answered the request in
-        flight (a death after its answer does not undo it), then forward its frames."""
-        reply = self._reply()
-        if reply is not None:
-            try:
-                problem = commit(self.upper, self.workspace, self.quota, self.tally,
-                                 announce=lambda: self._announce(reply.seq), within=APPLY_GRACE - APPLY_MARGIN)
-            except OSError as e:
-                problem = f"the call's changes to the workspace could not be applied: {e}"
-            if problem is not None:
-                reply.ok, reply.value, reply.value_is_repr = False, None, False
-                reply.error = {"kind": "output_limit", "message": problem}
-                self.held = [framing.pack(reply.to_wire())]
-        with contextlib.suppress(OSError):
-            self.chan.sendall(b"".join(map(_as_the_calls, self.held)) + bytes(self.from_child.buf))
-
-    def _announce(self, seq: int) -> None:
-        """Tell the supervisor the call answered and its writes are being applied (``Applying``): it
-        gives the call ``APPLY_GRACE`` more, so its deadline does not kill us halfway."""
-        with contextlib.suppress(OSError):
-            self.chan.sendall(framing.pack(Applying(seq=seq).to_wire()))
-
-    def _kill_child(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.child, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.child, 0)
-
-    @staticmethod
-    def _exit_like(status: int) -> NoReturn:
-        if os.WIFSIGNALED(status):
-            sig = os.WTERMSIG(status)
-            with contextlib.suppress(OSError, ValueError):
-                signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
-            os.kill(os.getpid(), sig)
-        os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 70)
-
