@@ -253,7 +253,8 @@ class WorkerPool:
             worker.enter(Phase.STARTING, now)
             worker.seq += 1
             worker.reader.limit = reply_cap(job.limits)
-            self.spin_until = now + SPIN_AFTER_DISPATCH
+            if self.config.reuse:  # a fresh worker's reply comes later than a spin is worth (its faults)
+                self.spin_until = now + SPIN_AFTER_DISPATCH
             request = CallRequest(seq=worker.seq, tool=job.call.tool, args=job.call.args, kwargs=job.call.kwargs,
                                   limits=job.limits.model_dump() if job.limits is not self.limits else None)
             worker.outbuf += framing.pack(request.to_wire())
