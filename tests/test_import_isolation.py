@@ -192,8 +192,8 @@ def test_importing_every_workers_module_starts_no_zeromq_or_event_loop() -> None
 # nothing of the supervisor's side. Only the selfcheck's judge speaks ZeroMQ: it is a client of the hardened
 # executor it starts, and no template or worker imports it.
 SANDBOX_FORBIDDEN = (
-    "zmq", "asyncio", "executor.supervisor", "executor.pool", "executor.clientside", "executor.broker",
-    "executor.calls", "executor.keeper", "executor.cli", "controller", *MODEL_STACK,
+    "zmq", "asyncio", "executor.supervisor", "executor.pool", "executor.slot", "executor.clientside",
+    "executor.broker", "executor.calls", "executor.keeper", "executor.cli", "controller", *MODEL_STACK,
 )
 SANDBOX_ZMQ_CLIENT = "executor/sandbox/selfcheck.py:"
 
