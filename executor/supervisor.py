@@ -85,7 +85,7 @@ class ServeConfig:
     curve_server_key: str | None = None
     insecure: bool = False
     metrics: str | None = None  # [HOST:]PORT of the Prometheus endpoint
-    confinement: Confinement | None = None  # --profile hardened: its sandbox (``executor.hardening.Sandbox``)
+    confinement: Confinement | None = None  # --profile hardened: its sandbox (``executor.sandbox.profile.Sandbox``)
 
 
 class Supervisor:

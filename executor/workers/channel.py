@@ -241,7 +241,7 @@ class Started(_Notice):
 @dataclass(frozen=True)
 class Applying(_Notice):
     """Keeper -> supervisor (hardened ``--workspace-rw``): the call answered within its time and its
-    writes are being applied to the workspace; the reply follows once they are (``executor.overlay``).
+    writes are being applied to the workspace; the reply follows once they are (``executor.sandbox.keeper``).
     The supervisor then gives the call ``APPLY_GRACE`` more, once, so a deadline never kills the keeper
     halfway through an apply."""
 

@@ -2,7 +2,7 @@
 
 The default profile has none (``WorkerConfig.confinement`` is None): workers run with the rlimits,
 control groups and dropped capabilities of ``executor.workers.worker``. The hardened profile
-(``executor.hardening.Sandbox``) implements this interface and is passed in, never looked up: to the
+(``executor.sandbox.profile.Sandbox``) implements this interface and is passed in, never looked up: to the
 first template in its ``WorkerConfig``, to a template started afresh as plain data in its
 ``Configure`` (``to_wire``), rebuilt there by ``from_wire`` from the module the data names. So
 nothing under ``executor/workers/`` imports the hardened profile, and a default template carries
