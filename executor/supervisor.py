@@ -16,6 +16,7 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,7 @@ from protocol import (
     Report,
     Result,
     Status,
+    ToolSpec,
     Welcome,
     encode,
 )
@@ -126,66 +128,61 @@ class Supervisor:
         not_dumpable()  # no ptrace, /proc/PID/mem or pidfd_getfd of our processes by a tool of our user
         scrub_initial_environment()  # nor the environment we started with, through /proc/PID/environ
         # The template is forked before any ZeroMQ context exists, and waits for its Configure.
-        template: tuple[int, socket.socket] | None = self.early_template or fork_template()
+        template = self.early_template or fork_template()
         self.early_template = None
         # A signal or the parent's exit from now on, the import included, is a shutdown that removes
         # what was made (the socket file first), never Python's default death.
-        wake_r, wake_w = os.pipe()
-        os.set_blocking(wake_w, False)
-        os.set_blocking(wake_r, False)
-        signal.set_wakeup_fd(wake_w)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self._on_signal)
+        wake_r = _wake_on_signals(self._on_signal)
         watch = {wake_r: lambda: self._signalled(wake_r)}
         if parent_fd is not None:
             watch[parent_fd] = lambda: f"parent process {self.config.parent_pid} exited"
         ctx = zmq.Context()
         try:
-            # Then every part of the start that can be refused (keys, addresses, the metrics port), so
-            # that a start refused is refused before any tool module was read (their import-time code
-            # would have run on this machine for an executor that never served).
+            self._start(ctx, template, watch)
+        except StartStopped as e:
+            log.info("stopped while the tools were imported: %s", e)
+            return 0
+        assert self.clients is not None
+        self.clients.start()  # a link announces itself to its broker: with the tools known now
+        poller = zmq.Poller()
+        for fd in (self.clients.socket, wake_r, parent_fd):
+            if fd is not None:
+                poller.register(fd, zmq.POLLIN)
+        self.pool.attach(poller)
+        log.info("%s", _serving(self.config, self.pool, self.clients))
+        try:
+            self._loop(poller, wake_r, parent_fd)
+        finally:
+            self._shutdown(ctx)
+        return self.exit_code
+
+    def _start(self, ctx: zmq.Context[Any], template: tuple[int, socket.socket],
+               watch: dict[int, Callable[[], str]]) -> None:
+        """Every part of the start that can be refused (keys, addresses, the metrics port), then the
+        template's import of the tools: a start refused is refused before any tool module was read
+        (their import-time code would have run on this machine for an executor that never served).
+        A refusal undoes what was made and raises ``StartupError`` (``StartStopped``: a signal)."""
+        held: tuple[int, socket.socket] | None = template
+        try:
             self.clients = self._open_clients(ctx)
             if self.config.metrics:
                 self.metrics = MetricsServer(self.config.metrics)
-            assert template is not None
             self.pool.hold(template)
-            template = None
+            held = None
             self.pool.start_template(watch)  # the tools are imported now
         except (EndpointError, CurveError, ValueError, StartupError) as e:
             if self.metrics is not None:
                 self.metrics.close()
             if self.clients is not None:
                 self.clients.close()
-            if template is not None:
-                _dismiss(template)
+            if held is not None:
+                _dismiss(held)
             else:
                 self.pool.stop_template()
             ctx.term()
             if isinstance(e, StartStopped):
-                log.info("stopped while the tools were imported: %s", e)
-                return 0
+                raise
             raise StartupError(str(e)) from None
-        self.clients.start()  # a link announces itself to its broker: with the tools known now
-        poller = zmq.Poller()
-        poller.register(self.clients.socket, zmq.POLLIN)
-        poller.register(wake_r, zmq.POLLIN)
-        if parent_fd is not None:
-            poller.register(parent_fd, zmq.POLLIN)
-        self.pool.attach(poller)
-        limits = self.config.limits
-        log.info(
-            "serving %d tools on %s (workers: %d %s, profile: %s, timeout %gs%s, memory %d MB, cgroups: %s)",
-            len(self.pool.specs), self.clients.describe(), self.pool.size,
-            "reused (tools are trusted)" if self.pool.config.reuse else "fresh per call",
-            self.config.profile, limits.timeout_s,
-            f" (at most {self.config.max_timeout:g}s, whoever asks)" if self.config.max_timeout < MAX_TIMEOUT_S else "",
-            limits.memory_mb, self.pool.cgroups or "none (rlimits and subreaper only)",
-        )
-        try:
-            self._loop(poller, wake_r, parent_fd)
-        finally:
-            self._shutdown(ctx)
-        return self.exit_code
 
     def _open_clients(self, ctx: zmq.Context[Any]) -> ClientSide:
         c = self.config
@@ -349,30 +346,12 @@ class Supervisor:
             self._refuse(route, Result.failure(cid, "bad_arguments", f"{e}; signature: {spec.name}{spec.signature}"))
             return
         job = Job(call=call, call_id=cid, waiters=[route], nbytes=nbytes, digest=digest,
-                  limits=effective_limits(self.config.limits, spec, call, self._ceiling(call)))
+                  limits=effective_limits(self.config.limits, spec, call, _ceiling(self.config, call)))
         refusal = self.calls.admit(job, time.monotonic())
         if refusal is not None:
             self._refuse(route, refusal)
             return
         self.pool.dispatch()  # what waited too long in the queue is answered on the loop's next turn
-
-    def _ceiling(self, call: Call) -> float:
-        """The longest ``call`` may run: ``--max-timeout``, or the call's own ``max_timeout`` (a
-        broker's) if that is less."""
-        return min(self.config.max_timeout, call.max_timeout or MAX_TIMEOUT_S)
-
-    def _name_the_ceiling(self, job: Job, result: Result) -> None:
-        """A call that ran into a ceiling and not the timeout it asked for is told so."""
-        assert result.error is not None
-        spec = self.pool.specs.get(job.call.tool)
-        asked = requested_timeout(self.config.limits.timeout_s, spec, job.call)
-        ceiling = self._ceiling(job.call)
-        if asked > ceiling:
-            source = ("its own timeout" if job.call.timeout is not None and asked == job.call.timeout
-                      else "its tool's timeout" if spec is not None and asked == spec.timeout else "the default")
-            which = ("this executor runs no call longer than" if ceiling == self.config.max_timeout
-                     else "its max_timeout (a broker's ceiling) is")
-            result.error.message += f"; {source} was {asked:g} s, but {which} {ceiling:g} s (--max-timeout)"
 
     def _refuse(self, route: bytes, result: Result) -> None:
         """Answer a call that is not run; refusals are not remembered (SPEC.md section 8)."""
@@ -407,7 +386,7 @@ class Supervisor:
     def _finish(self, job: Job, result: Result) -> None:
         self.calls.done(job)
         if result.error is not None and result.error.kind == "timeout":
-            self._name_the_ceiling(job, result)
+            _name_the_ceiling(self.config, self.pool.specs, job, result)
         frames = self._encode(result)
         self.calls.remember(result.id, frames, job.waiters[0])
         status = "ok" if result.ok else f"{result.error.kind if result.error else '?'}"
@@ -419,6 +398,48 @@ class Supervisor:
 
 
 DISMISS_WAIT = 2.0  # seconds a template that was never configured has to exit, before SIGKILL
+
+
+def _wake_on_signals(handler: Callable[[int, Any], None]) -> int:
+    """SIGTERM, SIGINT and SIGHUP go to ``handler`` and wake the loop through a pipe it polls;
+    returns the pipe's end to poll."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    os.set_blocking(wake_r, False)
+    signal.set_wakeup_fd(wake_w)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, handler)
+    return wake_r
+
+
+def _ceiling(config: ServeConfig, call: Call) -> float:
+    """The longest ``call`` may run: ``--max-timeout``, or the call's own ``max_timeout`` (a
+    broker's) if that is less."""
+    return min(config.max_timeout, call.max_timeout or MAX_TIMEOUT_S)
+
+
+def _name_the_ceiling(config: ServeConfig, specs: dict[str, ToolSpec], job: Job, result: Result) -> None:
+    """A call that ran into a ceiling and not the timeout it asked for is told so."""
+    assert result.error is not None
+    spec = specs.get(job.call.tool)
+    asked = requested_timeout(config.limits.timeout_s, spec, job.call)
+    ceiling = _ceiling(config, job.call)
+    if asked > ceiling:
+        source = ("its own timeout" if job.call.timeout is not None and asked == job.call.timeout
+                  else "its tool's timeout" if spec is not None and asked == spec.timeout else "the default")
+        which = ("this executor runs no call longer than" if ceiling == config.max_timeout
+                 else "its max_timeout (a broker's ceiling) is")
+        result.error.message += f"; {source} was {asked:g} s, but {which} {ceiling:g} s (--max-timeout)"
+
+
+def _serving(config: ServeConfig, pool: WorkerPool, clients: ClientSide) -> str:
+    """The line that says the executor serves, and how."""
+    limits = config.limits
+    ceiling = f" (at most {config.max_timeout:g}s, whoever asks)" if config.max_timeout < MAX_TIMEOUT_S else ""
+    return (f"serving {len(pool.specs)} tools on {clients.describe()} (workers: {pool.size} "
+            f"{'reused (tools are trusted)' if pool.config.reuse else 'fresh per call'}, profile: {config.profile}, "
+            f"timeout {limits.timeout_s:g}s{ceiling}, memory {limits.memory_mb} MB, cgroups: "
+            f"{pool.cgroups or 'none (rlimits and subreaper only)'})")
 
 
 def _dismiss(template: tuple[int, socket.socket]) -> None:
