@@ -121,9 +121,9 @@ def test_a_flood_while_the_tools_import_waits_in_the_client_not_in_the_executor(
 
 def test_the_python_client_waits_out_a_slow_tool_import(tmp_path: Path, executors: list[Executor],
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    import controller.client
+    import controller.client.link
 
-    monkeypatch.setattr(controller.client, "UNAVAILABLE_AFTER", 1.5)
+    monkeypatch.setattr(controller.client.link, "UNAVAILABLE_AFTER", 1.5)
     ex = _start(executors, tmp_path, [GATE])
     ex.wait_for("importing")
     with ExecutorClient(ex.endpoint, timeout=30) as client:
