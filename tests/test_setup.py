@@ -173,3 +173,19 @@ def test_setup_refuses_an_unsupported_python_saying_which_are_supported(version:
 def test_setup_accepts_the_python_running_the_tests() -> None:
     done = _bash(f'check_python "{sys.executable}"')
     assert done.returncode == 0, done.stderr
+
+
+def test_the_built_distribution_holds_every_package_of_the_project(tmp_path: Path) -> None:
+    """A wheel of the project (what a non-editable install gets) holds every package directory under
+    protocol/, executor/ and controller/: a hand-kept list once fell behind executor/sandbox/."""
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".venv", ".git", "build", "*.egg-info", "__pycache__"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    shipped = {name.rsplit("/", 1)[0] for name in zipfile.ZipFile(wheel).namelist() if name.endswith("/__init__.py")}
+    packages = {str(p.parent.relative_to(ROOT)) for top in ("protocol", "executor", "controller")
+                for p in (ROOT / top).rglob("__init__.py")}
+    assert packages - shipped == set()
+    assert not {p for p in shipped if p.split("/")[0] in ("tests", "scripts")}
