@@ -163,7 +163,8 @@ def test_the_static_check_finds_every_import_form(tmp_path: Path) -> None:
 # carries none of its code.
 WORKER_SIDE_FORBIDDEN = (
     "zmq", "asyncio", "threading", "logging.handlers", "pydantic", "concurrent", "executor.sandbox",
-    "executor.supervisor", "executor.pool", "executor.clientside", "executor.broker",
+    "executor.supervisor", "executor.pool", "executor.slot", "executor.keeper", "executor.clientside",
+    "executor.broker",
     "executor.calls", "executor.cli", "executor.status", "executor.metrics", "executor.fairqueue",
     "executor.journal", "controller", *MODEL_STACK,
 )
@@ -279,3 +280,18 @@ def test_the_client_side_knows_nothing_of_workers_or_the_call_table() -> None:
     below = ("executor.workers", "executor.pool", "executor.calls", "executor.supervisor", "executor.broker",
              "executor.sandbox")
     assert _offending("executor/clientside", lambda module: _matches(module, below), at_least=3) == []
+
+
+def test_the_broker_stands_apart_from_the_executor_that_runs_calls() -> None:
+    """executor/broker/ fronts a pool of executors: nothing else under executor/ imports it but the command
+    line that starts it, and it imports nothing that runs calls: no worker pool, supervisor, hardened profile,
+    tool registry or far side of the fork (but ``executor.workers.limits``, whose ``requested_timeout`` is the
+    one rule for a call's timeout that both ends apply)."""
+    users = _offending("executor", lambda module: _matches(module, ("executor.broker",)), at_least=30)
+    assert [u for u in users if not u.startswith(("executor/broker/", "executor/cli.py:"))] == []
+    below = ("executor.pool", "executor.slot", "executor.supervisor", "executor.keeper", "executor.workers",
+             "executor.hardening", "executor.overlay", "executor.sandbox", "executor.selfcheck", "executor.registry",
+             "executor.toolkits", "executor.clientside.brokerlink")
+    allowed = ("executor.workers.limits",)
+    assert _offending("executor/broker", lambda module: _matches(module, below) and module not in allowed,
+                      at_least=7) == []
