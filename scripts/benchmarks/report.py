@@ -341,8 +341,11 @@ def table_weight(f: dict[str, Any]) -> list[str]:
                 f"template's own fork+exit+wait ({f['fresh_calls_per_s']:.0f} fresh calls/s sustained); the "
                 f"template holds {f['template_private_mb']} MB of private memory (the floor's process "
                 f"{floor['private_mb']} MB). The per-process split is in results.json.")
+    scaling = ["| workers (tool sleeps 100 ms, fresh workers) | calls/s | of linear |", "|---|---|---|"]
+    scaling += [f"| {n} | {row['calls_per_s']:.1f} | {row['of_linear']:.2f} |"
+                for n, row in f.get("scaling_100ms", {}).items()]
     return [f"**{f['title']}** ({f['samples']['rounds']} interleaved rounds of {f['samples']['per_round']} calls "
-            "per mode)", "", *rows, "", sentence, ""]
+            "per mode)", "", *rows, "", sentence, "", *scaling, ""]
 
 
 def table_call_path(f: dict[str, Any]) -> list[str]:

@@ -12,7 +12,9 @@ Side by side, in interleaved rounds on the same machine:
   together (this client, the supervisor, the template, the workers: scheduler counters);
 - the floor of the wire: a bare pyzmq DEALER/ROUTER msgpack echo;
 - a Jupyter kernel executing the same no-op (where ipykernel is installed);
-- sustained fresh calls/s with 100 in flight on 2 workers; the template's own private memory.
+- sustained fresh calls/s with 100 in flight on 2 workers; the template's own private memory;
+- the pool's scaling in the default mode: a tool that sleeps 100 ms on 1, 2, 4, 8 and 16 workers,
+  each kept busy (2 calls in flight per worker), against the ideal of 10 calls/s per worker.
 
 The targets are ratios of figures from this one run (issue 21). The figure ``weight`` of
 ``scripts/bench`` is ``run()`` at its size.
@@ -45,6 +47,8 @@ from .registry import Context, figure
 TITLE = "A fresh worker per call against the template's fork floor (scripts/benchmarks/weight.py)"
 
 PAUSE_S = 0.02  # between calls "at agent pacing"
+SCALING_NAP_MS = 100.0  # the scaling's tool sleeps this long: the ideal is 1000 / SCALING_NAP_MS calls/s a worker
+SCALING_WORKERS = (1, 2, 4, 8, 16)
 
 
 class ForkFloor:
@@ -110,6 +114,41 @@ def _target(value: float, **bound: float) -> dict[str, Any]:
     return {"value": round(value, 3), kind: limit, "met": met}
 
 
+def _scaling(window_s: float, workers: tuple[int, ...] = SCALING_WORKERS) -> dict[str, dict[str, float]]:
+    """Calls/s of a tool that sleeps ``SCALING_NAP_MS`` on ``n`` fresh workers, a closed loop with
+    ``2 n`` calls in flight, counted over ``window_s`` after a warm-up, against ``n`` times the ideal."""
+    from concurrent.futures import FIRST_COMPLETED, Future, wait
+
+    from protocol import Call
+
+    out: dict[str, dict[str, float]] = {}
+    call = Call(tool="nap", kwargs={"ms": SCALING_NAP_MS})
+    for n in workers:
+        with direct(n, log_level="warning") as running:
+            client = running.client
+            pending: set[Future[Any]] = {client.submit(call) for _ in range(2 * n)}
+            done_calls, started, t0 = 0, time.perf_counter() + min(1.0, window_s / 2), 0.0
+            while True:
+                finished, pending = wait(pending, timeout=60, return_when=FIRST_COMPLETED)
+                if not finished:
+                    raise RuntimeError(f"scaling on {n} workers: no call answered within 60 s")
+                now = time.perf_counter()
+                for f in finished:
+                    if not f.result().ok:
+                        raise RuntimeError(f"scaling on {n} workers: {f.result().error}")
+                    if now >= started:
+                        t0 = t0 or now
+                        done_calls += 1
+                if t0 and now - t0 >= window_s:
+                    break
+                pending |= {client.submit(call) for _ in finished}
+            wait(pending, timeout=60)
+            rate = (done_calls - 1) / (now - t0) if now > t0 else 0.0
+        ideal = n * 1000 / SCALING_NAP_MS
+        out[str(n)] = {"calls_per_s": round(rate, 1), "ideal": ideal, "of_linear": round(rate / ideal, 3)}
+    return out
+
+
 def run(quick: bool = False, python: str = sys.executable, size: tuple[int, int, int] | None = None) -> dict[str, Any]:
     """``size``: (interleaved rounds, calls per round and mode, calls for the throughput)."""
     rounds, per_round, total = size or ((2, 20, 200) if quick else (8, 60, 2000))
@@ -154,6 +193,8 @@ def run(quick: bool = False, python: str = sys.executable, size: tuple[int, int,
         template = _template_pid(fresh.roots[0])
         template_private_mb = round(private_kb(template) / 1024, 1) if template else None
         calls_per_s = _throughput(fresh.client, total)
+    # a tiny run (the bench's own test) only proves the measurement works: 1 and 2 workers, briefly
+    scaling = _scaling(0.5, (1, 2)) if total < 100 else _scaling(1.0 if quick else 3.0)
     p50 = {name: round(statistics.median(values) * 1e6, 1) for name, values in samples.items()}
     floor_cpu_us = round(floor.cpu_s / max(1, floor.cycles) * 1e6, 1)
     cores = os.cpu_count() or 1
@@ -166,6 +207,8 @@ def run(quick: bool = False, python: str = sys.executable, size: tuple[int, int,
         "sustained fresh calls/s / (cores / fork CPU)": _target(calls_per_s / (cores / (floor_cpu_us / 1e6)),
                                                                 at_least=0.7),
     }
+    targets["pool scaling, 100 ms tool on 1-16 workers, worst / linear"] = _target(
+        min(row["of_linear"] for row in scaling.values()), at_least=0.85)
     if "jupyter_execute" in p50:
         targets["Jupyter execute p50 / fresh p50 back to back"] = _target(
             p50["jupyter_execute"] / p50["fresh_back_to_back"], at_least=3.0)
@@ -180,6 +223,7 @@ def run(quick: bool = False, python: str = sys.executable, size: tuple[int, int,
                        "private_mb": round(floor.private_kb / 1024, 1)},
         "template_private_mb": template_private_mb,
         "fresh_calls_per_s": calls_per_s,
+        "scaling_100ms": scaling,
         "samples": {"rounds": rounds, "per_round": per_round, "throughput_calls": total},
         "targets": targets,
     }
@@ -207,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(data, indent=2) + "\n")
     for name, t in data["targets"].items():
         print(f"{'met ' if t['met'] else 'MISS'} {name}: {t['value']}")
-    print(json.dumps({k: data[k] for k in ("p50_us", "fork_floor", "template_private_mb", "fresh_calls_per_s")},
+    print(json.dumps({k: data[k] for k in ("p50_us", "fork_floor", "template_private_mb", "fresh_calls_per_s",
+                                                  "scaling_100ms")},
                      indent=1))
     return 0
 
