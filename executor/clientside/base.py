@@ -24,6 +24,7 @@ SEND_HWM = 64  # messages libzmq queues for one client; beyond, answers wait in 
 RECV_HWM = 4  # messages libzmq reads ahead from one connection (each up to 128 MiB); the rest wait in the peer
 OUTBOX_BYTES = 256 * 1024 * 1024  # answers held for one client (its outbox and ZeroMQ's pipe to it), at most
 OUTBOX_RETRY = 0.01  # seconds between attempts to send held answers
+MAX_KNOWN_CONNECTIONS = 65536  # clients whose connection (or key, or drop) is remembered, oldest forgotten first
 
 
 class EndpointError(CiaynError):

@@ -4,11 +4,9 @@
 The bound ROUTER is private by default (SPEC.md, Transport): an ipc socket lives in a 0700 directory
 owned by this user (created so, or checked), and abstract ipc or tcp without CurveZMQ is refused unless
 the operator says ``--insecure``. No answer is dropped by a high-water mark: the socket is
-``ROUTER_MANDATORY``, and what a client's pipe cannot take yet waits in an outbox for that client.
-What is held for a client (in its outbox, and large answers ZeroMQ has not finished sending it) is
-bounded in bytes, and so is what is held for all clients together; a client that goes over either
-bound (the heaviest one, for the total) has its pending answers dropped and its connection closed,
-with a warning (it may come back and resend; its results stay in the result cache).
+``ROUTER_MANDATORY``, and what a client's pipe cannot take yet waits in its outbox, bounded in bytes
+per client and in total (``executor.clientside.outbox``); this module binds, reads, and remembers
+each client's connection and CurveZMQ key.
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from executor.clientside.base import (
+    MAX_KNOWN_CONNECTIONS,
     OUTBOX_BYTES,
     OUTBOX_RETRY,
     RECV_BATCH,
@@ -39,6 +38,7 @@ from executor.clientside.base import (
     EndpointError,
     Incoming,
 )
+from executor.clientside.outbox import Outboxes
 from protocol import ProtocolError, decode
 from protocol.wire import MAX_FRAMES, LogBudget, bound_socket, ipc_path, recv_message_from
 
@@ -46,9 +46,7 @@ log = logging.getLogger("ciayn-executor")
 
 HANDSHAKE_IVL_MS = 5000  # a connection that has not completed the ZMTP (and Curve) handshake is closed
 OUTBOX_TOTAL_BYTES = 1024 * 1024 * 1024  # answers held for all clients together, at most
-TRACK_BYTES = 64 * 1024  # answers this large go to ZeroMQ uncopied, followed until it has sent them
 PIPE_CHECK = 1.0  # seconds between looks at which large answers ZeroMQ has sent
-MAX_KNOWN_CONNECTIONS = 65536  # clients whose connection is remembered (to disconnect one that does not read)
 HANDSHAKE_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                       | zmq.EVENT_HANDSHAKE_FAILED_AUTH)  # logged on a CurveZMQ endpoint
 
@@ -63,8 +61,6 @@ class RouterEndpoint:
         A broker's backend turns it off: executors never set routing ids, and with it a peer that
         learned or guessed a member's route could take over that member's connection."""
         self.endpoint = endpoint
-        self.outbox_limit = outbox_bytes
-        self.total_limit = outbox_total_bytes
         # route -> (descriptor, inode) of the connection it last spoke on, so that a client that does not
         # read its answers can be disconnected; bounded, oldest first.
         self.connections: collections.OrderedDict[bytes, tuple[int, int]] = collections.OrderedDict()
@@ -77,16 +73,6 @@ class RouterEndpoint:
         self.refusals = LogBudget(log, "refused CurveZMQ handshakes")
         self.failed = ""
         self.ipc_identity: tuple[int, int] | None = None
-        self.outboxes: dict[bytes, collections.deque[list[bytes]]] = {}
-        self.outbox_bytes: collections.Counter[bytes] = collections.Counter()
-        # Large answers handed to ZeroMQ and not sent yet (a client that does not read keeps up to
-        # SEND_HWM of them in its pipe, whatever their size), and everything held, for the total bound.
-        self.in_pipe: dict[bytes, collections.deque[tuple[zmq.MessageTracker, int]]] = {}
-        self.pipe_bytes: collections.Counter[bytes] = collections.Counter()
-        self.held_total = 0
-        # Clients dropped for not reading: their answers are discarded (they stay in the result cache)
-        # until they speak again, instead of filling what their closed connection still holds.
-        self.dropped: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self.check_endpoint(endpoint, curve=bool(curve_secret), insecure=insecure)
         raise_open_files_limit()
         sock = ctx.socket(zmq.ROUTER)
@@ -113,6 +99,8 @@ class RouterEndpoint:
                 self.auth.stop()
             raise EndpointError(f"cannot bind {endpoint}: {e}") from None
         self.socket = sock
+        self.outboxes = Outboxes(sock, limit=outbox_bytes, total_limit=outbox_total_bytes,
+                                 connected=self.connections, disconnect=self._disconnect)
         if curve_secret:  # so that the operator learns why a client gets nothing at all
             self.monitor = sock.get_monitor_socket(HANDSHAKE_FAILURES)
         path = self._ipc_path()
@@ -146,97 +134,20 @@ class RouterEndpoint:
             self._note_connection(route, fd)
             if key:
                 self._note_key(route, key)
-            self.dropped.pop(route, None)
+            self.outboxes.heard(route)
             try:
                 yield route, decode(body)
             except ProtocolError as e:
                 yield route, e
 
     def send(self, route: bytes, frames: list[bytes]) -> None:
-        """Send now, or hold the frames for this client until its pipe has room (never dropped by a
-        high-water mark). A client that is gone (no route) is not waited for: it resends its calls
-        when it comes back, and they are answered from the result cache."""
-        if route in self.dropped:
-            log.debug("client %s was dropped for not reading; an answer for it was not sent", route.hex()[:8])
-            return
-        size = sum(len(f) for f in frames)
-        if route in self.outboxes or not self._pipe_has_room(route, size):
-            self._hold(route, frames, size)
-        else:
-            try:
-                self._push(route, frames, size)
-            except zmq.Again:
-                self._hold(route, frames, size)
-            except zmq.ZMQError as e:
-                if e.errno == zmq.EHOSTUNREACH:
-                    log.debug("client %s is gone; an answer for it was not sent", route.hex()[:8])
-                else:
-                    log.warning("cannot send to client %s: %s", route.hex()[:8], e)
-        if self.held_total > self.total_limit:
-            self._bound_total()
+        """Send now, or hold for this client until its pipe has room (``Outboxes.send``)."""
+        self.outboxes.send(route, frames)
 
-    def _push(self, route: bytes, frames: list[bytes], size: int) -> None:
-        """Hand an answer to ZeroMQ (``zmq.Again`` when the client's pipe is full). A large one is not
-        copied, and is counted as held for the client until ZeroMQ has sent it."""
-        if len(frames[-1]) < TRACK_BYTES:  # the body
-            self.socket.send_multipart([route, *frames], zmq.NOBLOCK)
-            return
-        tracker = self.socket.send_multipart([route, *frames], zmq.NOBLOCK, copy=False, track=True)
-        self.in_pipe.setdefault(route, collections.deque()).append((tracker, size))
-        self.pipe_bytes[route] += size
-        self.held_total += size
-
-    def _pipe_has_room(self, route: bytes, size: int) -> bool:
-        """Whether ZeroMQ may take ``size`` more bytes for ``route`` within its bound (an empty pipe
-        always may), after forgetting the answers it has sent."""
-        box = self.in_pipe.get(route)
-        if box is None:
-            return True
-        while box and box[0][0].done:
-            self.pipe_bytes[route] -= box[0][1]
-            self.held_total -= box.popleft()[1]
-        if not box:
-            del self.in_pipe[route], self.pipe_bytes[route]
-            return True
-        return self.pipe_bytes[route] + size <= self.outbox_limit
-
-    def _hold(self, route: bytes, frames: list[bytes], size: int) -> None:
-        self.outboxes.setdefault(route, collections.deque()).append(frames)
-        self.outbox_bytes[route] += size
-        self.held_total += size
-        if self.outbox_bytes[route] + self.pipe_bytes.get(route, 0) > self.outbox_limit:
-            self._drop(route, f"over the {self.outbox_limit // 1024} KiB it may hold")
-
-    def _drop(self, route: bytes, why: str) -> None:
-        """Drop what is held for a client that does not read, and close its connection (which frees
-        what ZeroMQ holds for it)."""
-        held = self.outboxes.pop(route, collections.deque())
-        size = self.outbox_bytes.pop(route, 0)
-        self.held_total -= size
-        self.dropped[route] = None
-        while len(self.dropped) > MAX_KNOWN_CONNECTIONS:
-            self.dropped.popitem(last=False)
-        how = "disconnected it" if self._disconnect(route) else "it could not be disconnected"
-        log.warning("client %s does not read its answers: dropped the %d held for it (%d KiB; with what ZeroMQ "
-                    "holds for it, %d KiB, %s) and %s; results stay in the result cache for a resend",
-                    route.hex()[:8], len(held), size // 1024, (size + self.pipe_bytes.get(route, 0)) // 1024, why,
-                    how)
-
-    def _bound_total(self) -> None:
-        """All clients together hold more than ``total_limit``: drop the heaviest until they do not
-        (counting what ZeroMQ holds for a disconnected client as freed: it is, once ZeroMQ notices;
-        so a client that reads is never dropped for bytes another one's closed connection held)."""
-        for route in list(self.in_pipe):
-            self._pipe_has_room(route, 0)
-        candidates = set(self.outboxes) | {r for r in self.in_pipe if r in self.connections}
-        releasing = sum(self.pipe_bytes[r] for r in self.in_pipe if r not in candidates)
-        excess = self.held_total - releasing - self.total_limit
-        for route in sorted(candidates, key=lambda r: self.outbox_bytes.get(r, 0) + self.pipe_bytes.get(r, 0),
-                            reverse=True):
-            if excess <= 0:
-                break
-            excess -= self.outbox_bytes.get(route, 0) + self.pipe_bytes.get(route, 0)
-            self._drop(route, f"the heaviest while all clients' answers passed {self.total_limit // 1024} KiB")
+    @property
+    def held_total(self) -> int:
+        """Bytes held for all clients together (``Outboxes``)."""
+        return self.outboxes.held_total
 
     def key_of(self, route: bytes) -> str:
         """The CurveZMQ public key (Z85) ``route``'s connection authenticated with; "" without CurveZMQ
@@ -246,10 +157,10 @@ class RouterEndpoint:
     def probe(self, route: bytes, frames: list[bytes]) -> bool:
         """Send ``frames`` to ``route``; False if ZeroMQ has no connection for it any more (its peer
         is gone for certain), True if it has (or an answer for it is waiting: then it had one lately)."""
-        if route in self.dropped:
+        if route in self.outboxes.dropped:
             return False  # its connection was closed for not reading, and it has not spoken since
-        if route in self.outboxes:
-            self.send(route, frames)
+        if self.outboxes.holds(route):
+            self.outboxes.send(route, frames)
             return True
         try:
             self.socket.send_multipart([route, *frames], zmq.NOBLOCK)
@@ -300,31 +211,10 @@ class RouterEndpoint:
         sent, and log refused CurveZMQ handshakes; a bound ROUTER has no other timers (clients ping it)."""
         if self.monitor is not None:
             self._log_handshake_failures()
-        for route in list(self.in_pipe):
-            if route not in self.outboxes:
-                self._pipe_has_room(route, 0)
-        for route in list(self.outboxes):
-            box = self.outboxes[route]
-            while box:
-                size = sum(len(f) for f in box[0])
-                if not self._pipe_has_room(route, size):
-                    break
-                try:
-                    self._push(route, box[0], size)
-                except zmq.Again:
-                    break
-                except zmq.ZMQError:
-                    box.clear()  # the client is gone
-                    break
-                box.popleft()
-                self.outbox_bytes[route] -= size
-                self.held_total -= size
-            if not box:
-                del self.outboxes[route]
-                self.held_total -= self.outbox_bytes.pop(route, 0)
-        if self.outboxes:
+        self.outboxes.flush()
+        if self.outboxes.boxes:
             return OUTBOX_RETRY
-        return PIPE_CHECK if self.in_pipe or self.monitor is not None else float("inf")
+        return PIPE_CHECK if self.outboxes.in_pipe or self.monitor is not None else float("inf")
 
     def _log_handshake_failures(self) -> None:
         """A client with a key the endpoint does not admit, or the wrong server key, gets nothing at
