@@ -29,7 +29,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -39,20 +38,22 @@ from typing import Any
 import psutil
 import pytest
 
-from controller import ExecutorClient, ExecutorUnavailable, LocalExecutor
+from controller import ExecutorClient, LocalExecutor
 from executor.keeper import KILL_GRACE
 from executor.slot import RETIRE_GRACE, TEMPLATE_ANSWER_TIMEOUT
 from executor.workers.cgroups import CgroupSupport
 from protocol import Call, Result, encode
 from protocol.environment import ALWAYS, ALWAYS_PREFIXES
-from tests.conftest import TESTS, host_pid, nspid, pid_namespaces, require_layer, template_of
+from tests.conftest import host_pid, nspid, pid_namespaces, require_layer, template_of
+from tests.support.attacks import ATTACKS, TIMEOUT, start_raw
+from tests.support.attacks import start as _start
 from tests.support.processes import alive as _alive
 from tests.support.processes import assert_tree_is_supervisor_template_and
 from tests.support.waiting import wait_until
 from tests.support.wire import Wire
 
-ATTACKS = str(TESTS / "tools" / "attacks.py")
-TIMEOUT = 5.0  # the executors' wall-clock limit
+__all__ = ["start_raw"]  # a fixture, used by name
+
 GRACE = 1.5  # how late after its bound an answer may come, on a loaded 2-core machine
 # What a new template (a fresh interpreter importing the tools) may take to fork its first worker on
 # a loaded 2-core machine: under 1 s alone, but a fresh-clone CI run once took over 2.7 s.
@@ -98,12 +99,6 @@ def timed(client: ExecutorClient, tool: str, timeout: float | None = None, **kwa
     return result, time.monotonic() - started
 
 
-def _start(**options: Any) -> LocalExecutor:
-    local = LocalExecutor(tools=[ATTACKS], timeout=TIMEOUT, **options)
-    local.start()
-    return local
-
-
 @pytest.fixture(scope="module")
 def executor() -> Iterator[LocalExecutor]:
     """One executor with default options (a fresh worker per call, one worker) that every attack in
@@ -117,46 +112,6 @@ def executor() -> Iterator[LocalExecutor]:
 def client(executor: LocalExecutor) -> ExecutorClient:
     assert executor.client is not None
     return executor.client
-
-
-@pytest.fixture
-def start_raw() -> Iterator[Callable[..., LocalExecutor]]:
-    """Start ``ciayn-executor serve`` the way an operator would, not through ``LocalExecutor``'s
-    filtered environment and ``stdin=DEVNULL``: ``start_raw(env=..., stdin=..., preexec_fn=...,
-    user=uid, pass_env=[...], **options)``. The command line is ``LocalExecutor``'s; stopped at the end."""
-    started: list[LocalExecutor] = []
-
-    def start(*, env: dict[str, str] | None = None, stdin: int = subprocess.DEVNULL,
-              preexec_fn: Callable[[], None] | None = None, pass_env: list[str] | None = None,
-              user: int | None = None, **options: Any) -> LocalExecutor:
-        local = LocalExecutor(tools=[ATTACKS], timeout=TIMEOUT, pass_env=pass_env or (), **options)
-        local.dir = Path(tempfile.mkdtemp(prefix="ciayn-attack-"))
-        started.append(local)
-        if user is not None:
-            os.chown(local.dir, user, user)
-        with open(local.log_path, "wb") as log:
-            local.proc = subprocess.Popen(local.command(), stdin=stdin, stdout=log, stderr=log,
-                                          env=env if env is not None else dict(os.environ),
-                                          preexec_fn=preexec_fn, start_new_session=True,
-                                          user=user, group=user, extra_groups=[] if user is not None else None)
-        client = ExecutorClient(local.endpoint, connect_timeout=0.5)
-        deadline = time.monotonic() + 60
-        while True:
-            assert local.proc.poll() is None, f"the executor exited\n{local.log_tail()}"
-            try:
-                client.tools(timeout=0.5)
-                break
-            except ExecutorUnavailable:
-                assert time.monotonic() < deadline, f"the executor did not come up\n{local.log_tail()}"
-        client.connect_timeout = 10.0
-        local.client = client
-        return local
-
-    yield start
-    for local in started:
-        local.stop()
-        if local.proc is not None and local.proc.stdin is not None:
-            local.proc.stdin.close()
 
 
 @pytest.fixture

@@ -290,13 +290,17 @@ def test_result_lists_the_layers_and_a_cpu_hog_is_a_timeout(make_client: Any, tm
 # (test_executor_faults.py's fault table and test_attacks.py's takeovers, which are holes of the
 # default profile: pinned there as strict xfails, closed here)
 
+# The attack suite's tests themselves are rerun here (``ATTACK_SUITE``): the one test module imported.
 import test_attacks as attack_suite  # noqa: E402 (tests/ is on sys.path: pytest's rootdir-relative import)
-from test_attacks import ATTACKS  # noqa: E402
 
-start_raw = attack_suite.start_raw  # the fixture, for the suite's tests that start raw executors
-from test_executor_faults import FAULTS, ROUNDS, _start, _survives  # noqa: E402
-
+from tests.support.attacks import ATTACKS, start_raw  # noqa: E402
+from tests.support.attacks import start as start_attacked  # noqa: E402
+from tests.support.faults import FAULTS, ROUNDS  # noqa: E402
+from tests.support.faults import start as _start  # noqa: E402
+from tests.support.faults import survives as _survives  # noqa: E402
 from tests.support.wire import Wire  # noqa: E402
+
+__all__ = ["start_raw"]  # a fixture, used by name
 
 
 @pytest.fixture(scope="module")
@@ -411,7 +415,7 @@ ATTACK_SUITE = (
 
 @pytest.fixture(scope="module")
 def hardened_attack_suite() -> Iterator[LocalExecutor]:
-    local = attack_suite._start(profile="hardened")
+    local = start_attacked(profile="hardened")
     yield local
     local.stop()
 

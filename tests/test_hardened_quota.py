@@ -16,7 +16,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,32 +25,13 @@ from conftest import require_layer
 
 from controller import ExecutorClient
 from executor.sandbox import overlay, start
-from executor.sandbox.layers import probe_all
 from executor.sandbox.mounts import check_idmap
 from protocol import Call, Result
+from tests.support.quota import MISSING, OWNER, QUOTA_MB, Served
+from tests.support.quota import added as _added
+from tests.support.quota import stop as _stop
 
 TOOLS = str(Path(__file__).parent / "tools" / "workspace_filler.py")
-QUOTA_MB = 8
-OWNER = 4242  # the workspace's owner on the host: what the tools act as, and what applied files belong to
-MISSING = probe_all()
-
-
-@dataclass
-class Served:
-    proc: subprocess.Popen[bytes]
-    client: ExecutorClient
-    workspace: Path
-    top: Path
-
-    def call(self, text: str, timeout: float | None = None) -> Result:
-        return self.client.call_text(text, timeout=timeout)
-
-    def usage(self) -> int:
-        fd = os.open(self.workspace, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            return overlay.tree_usage(fd)
-        finally:
-            os.close(fd)
 
 
 def _host_state() -> dict[str, list[str]]:
@@ -59,11 +39,6 @@ def _host_state() -> dict[str, list[str]]:
         mounts = sorted(line.split()[4] for line in f)
     return {"mounts": mounts, "shm": sorted(os.listdir("/dev/shm")),
             "tmp": sorted(n for n in os.listdir("/tmp") if "ciayn-apply" in n or "upper" in n)}
-
-
-def _added(before: dict[str, list[str]], after: dict[str, list[str]]) -> dict[str, list[str]]:
-    """What appeared since ``before`` (other tests on this machine may remove things meanwhile)."""
-    return {k: sorted(set(v) - set(before[k])) for k, v in after.items() if set(v) - set(before[k])}
 
 
 def _start(top: Path, workspace: Path, quota_mb: int = QUOTA_MB, sockdir: Path | None = None) -> Served:
@@ -82,16 +57,6 @@ def _start(top: Path, workspace: Path, quota_mb: int = QUOTA_MB, sockdir: Path |
             raise RuntimeError(f"the hardened executor did not start: {proc.communicate()[1].decode()[-2000:]}")
         time.sleep(0.02)
     return Served(proc, ExecutorClient(f"ipc://{sock}", timeout=60), workspace, top)
-
-
-def _stop(served: Served) -> None:
-    served.client.close()
-    served.proc.terminate()
-    try:
-        served.proc.wait(15)
-    except subprocess.TimeoutExpired:
-        served.proc.kill()
-        served.proc.wait()
 
 
 @pytest.fixture(scope="module")

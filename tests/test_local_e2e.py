@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_local_model import needs_model
 
 from controller.agent import create_agent
 from controller.ciayn import CiaynAgent
@@ -31,6 +30,7 @@ from controller.events import Finished, ModelText, StepEvent, ToolResultEvent
 from controller.local_model import LOCAL_MAX_TOKENS, LocalModelServer
 from controller.models import ModelConfig
 from protocol import CallRejected, parse_calls
+from tests.support.embedded_model import needs_model
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS = 6

