@@ -28,6 +28,7 @@ from controller.config import SETTINGS, ConfigError, apply, read_layers
 from controller.events import Finished, ModelRetry, Notice, StepStarted, ToolCallEvent
 from controller.local import DIR_PREFIX, sweep_stale_dirs
 from controller.render import Transcript
+from tests.support.net import free_port
 
 ROOT = Path(__file__).parent.parent
 DONE = 'complete_task(summary="all done")'
@@ -474,11 +475,7 @@ def test_a_sigkilled_controller_leaves_no_executor_directory_behind(tmp_path: Pa
 def test_waiting_for_a_silent_tcp_endpoint_says_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import socket
-
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nothing listens on
     monkeypatch.setattr(cli, "FIRST_ANSWER_S", 0.2)
     monkeypatch.setattr(cli, "EXECUTOR_WAIT_S", 0.6)
     assert cli.main(["tools", "--executor", f"tcp://127.0.0.1:{port}"]) == 2

@@ -29,6 +29,7 @@ from conftest import require_layer
 
 from executor.sandbox.mounts import check_idmap
 from protocol import Call, Result
+from tests.support.processes import living as _alive
 from tests.support.quota import MISSING, OWNER, QUOTA_MB, Served
 from tests.support.quota import added as _added
 from tests.support.quota import stop as _stop
@@ -497,17 +498,6 @@ def _assert_nothing_left(top: Path, before: dict[str, list[str]], processes: lis
         time.sleep(0.05)
     assert _alive(processes) == []
     assert not _added(before, _host_state(top))
-
-
-def _alive(processes: list[psutil.Process]) -> list[int]:
-    alive = []
-    for p in processes:
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE:  # a zombie runs nothing; this machine's init may not reap
-                alive.append(p.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return alive
 
 
 def _running_calls(processes: list[psutil.Process]) -> list[psutil.Process]:

@@ -23,6 +23,7 @@ import zmq
 from controller import ExecutorClient
 from protocol import VERSION, Call, Hello, Ping, Pong, Result, decode, encode
 from protocol.wire import LOG_BURST
+from tests.support.net import free_port
 from tests.support.waiting import wait_until
 
 Handler = Callable[[bytes, Any], list[list[bytes]]]
@@ -350,7 +351,6 @@ def test_a_client_refused_by_curvezmq_is_logged_with_the_reason(tmp_path: Path) 
     before, the executor's log said nothing either, so an operator could not tell why a controller
     got no answer. Now each refusal is a warning naming the reason (at a bounded rate); an admitted
     client is then served."""
-    import socket
     import subprocess
     import sys
 
@@ -360,9 +360,7 @@ def test_a_client_refused_by_curvezmq_is_logged_with_the_reason(tmp_path: Path) 
     _, client_sec = keygen(tmp_path / "clients", "alice")
     _, stranger_sec = keygen(tmp_path / "strangers", "mallory")
     other_pub, _ = keygen(tmp_path / "strangers", "other-server")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     log_path = tmp_path / "executor.log"
     with open(log_path, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "executor.cli", "serve", "--tools", "executor.toolkits.builtin",

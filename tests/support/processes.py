@@ -17,6 +17,19 @@ def alive(pid: int) -> bool:
         return False
 
 
+def living(processes: list[psutil.Process]) -> list[int]:
+    """The pids of ``processes`` still running (as ``alive``, judged on these very processes, so a pid
+    reused since is not taken for one of them)."""
+    found = []
+    for p in processes:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:  # a zombie runs nothing; this machine's init may not reap
+                found.append(p.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
 def live_tree(local: LocalExecutor) -> dict[int, psutil.Process]:
     """Every live process of the executor: the supervisor and all its descendants."""
     assert local.proc is not None
