@@ -164,7 +164,7 @@ def test_the_static_check_finds_every_import_form(tmp_path: Path) -> None:
 WORKER_SIDE_FORBIDDEN = (
     "zmq", "asyncio", "threading", "logging.handlers", "pydantic", "concurrent", "executor.sandbox",
     "executor.supervisor", "executor.pool", "executor.slot", "executor.keeper", "executor.clientside",
-    "executor.broker", "executor.broker.journal",
+    "executor.broker",
     "executor.calls", "executor.cli", "executor.status", "executor.metrics", "executor.fairqueue",
     "controller", *MODEL_STACK,
 )

@@ -144,11 +144,6 @@ class RouterEndpoint:
         """Send now, or hold for this client until its pipe has room (``Outboxes.send``)."""
         self.outboxes.send(route, frames)
 
-    @property
-    def held_total(self) -> int:
-        """Bytes held for all clients together (``Outboxes``)."""
-        return self.outboxes.held_total
-
     def key_of(self, route: bytes) -> str:
         """The CurveZMQ public key (Z85) ``route``'s connection authenticated with; "" without CurveZMQ
         or if it has not spoken lately."""

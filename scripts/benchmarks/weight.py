@@ -31,8 +31,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
 from typing import Any
+
+from protocol import Call
 
 from . import report
 from .callpath import CpuMeter
@@ -117,10 +120,6 @@ def _target(value: float, **bound: float) -> dict[str, Any]:
 def _scaling(window_s: float, workers: tuple[int, ...] = SCALING_WORKERS) -> dict[str, dict[str, float]]:
     """Calls/s of a tool that sleeps ``SCALING_NAP_MS`` on ``n`` fresh workers, a closed loop with
     ``2 n`` calls in flight, counted over ``window_s`` after a warm-up, against ``n`` times the ideal."""
-    from concurrent.futures import FIRST_COMPLETED, Future, wait
-
-    from protocol import Call
-
     out: dict[str, dict[str, float]] = {}
     call = Call(tool="nap", kwargs={"ms": SCALING_NAP_MS})
     for n in workers:
