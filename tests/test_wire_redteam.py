@@ -235,14 +235,14 @@ def test_clients_that_do_not_read_cannot_make_the_endpoint_hold_more_than_its_to
                 received += reader.recv_multipart()[-1][:1] != b""
             peak = max(peak, me.memory_info().rss)
         deadline = time.monotonic() + 10
-        while (received < 30 or endpoint.held_total > 40 * mib) and time.monotonic() < deadline:
+        while (received < 30 or endpoint.outboxes.held_total > 40 * mib) and time.monotonic() < deadline:
             endpoint.socket.poll(0)  # as the executor's loop does: ZeroMQ frees a closed connection's pipe
             endpoint.tick(time.monotonic())  # a dropped client's pipe counts until ZeroMQ has freed it
             if reader.poll(50):
                 received += 1
                 reader.recv_multipart()
         assert received == 30, received
-        assert endpoint.held_total <= 40 * mib, endpoint.held_total
+        assert endpoint.outboxes.held_total <= 40 * mib, endpoint.outboxes.held_total
         grown = (peak - before) / mib
         # the total, what dropped clients' connections held until ZeroMQ freed it, one client's share
         assert grown < 2 * 40 + 16 + 24, f"the endpoint's process grew by {grown:.0f} MiB"
