@@ -361,11 +361,6 @@ def _serve(args: argparse.Namespace) -> int:
     limits = Limits(timeout_s=args.timeout or min(Limits().timeout_s, max_timeout), cpu_s=args.cpu_s,
                     memory_mb=args.memory_mb, max_output_kb=args.max_output_kb, max_result_kb=args.max_result_kb,
                     processes=args.max_processes)
-    from executor.workers.spawn import early_template
-
-    # The template is forked now, before the supervisor's own modules (ZeroMQ, asyncio, ssl, ...)
-    # are imported: every worker is a copy of it, and each megabyte it maps is copied per call.
-    template = early_template(args.workspace)
     from executor.supervisor import ServeConfig, StartupError, Supervisor
 
     config = ServeConfig(
@@ -377,7 +372,7 @@ def _serve(args: argparse.Namespace) -> int:
         curve_clients=args.curve_clients, curve_server_key=args.curve_server_key, insecure=args.insecure,
         metrics=args.metrics_port, confinement=getattr(args, "confinement", None),
     )
-    supervisor = Supervisor(config, early_template=template)
+    supervisor = Supervisor(config)
     try:
         return supervisor.serve()
     except StartupError as e:

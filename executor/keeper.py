@@ -4,10 +4,10 @@ through the worker pool (``executor.pool``), which owns the workers the template
 
 States (``Phase``) and what moves between them:
 
-- ``HELD``: the first template, forked by ``serve`` before this process had a ZeroMQ context, waits
-  for its ``Configure`` (``hold``).
-- ``ISOLATING``: a template (held, or a fresh interpreter: ``executor.workers.template``) was asked
-  to start; its first message says whether it is PID 1 of a namespace of its own (``NAMESPACE_WAIT``).
+- ``HELD``: the first template, started by ``serve`` while it opened its endpoint, waits for its
+  ``Configure`` (``hold``).
+- ``ISOLATING``: a template (held, or a new one: ``executor.workers.template``) was asked to start;
+  its first message says whether it is PID 1 of a namespace of its own (``NAMESPACE_WAIT``).
 - ``IMPORTING``: it was sent its ``Configure`` and imports the tool modules; their report is bounded
   in bytes and decoding, and the whole import in time (``TEMPLATE_START_TIMEOUT``).
 - ``SERVING``: it reported the tools and forks workers on request.
@@ -119,9 +119,9 @@ class TemplateKeeper:
     # ---------------------------------------------------------------- start
 
     def hold(self, forked: tuple[int, socket.socket]) -> None:
-        """Take as ours (to configure with ``start``, or to stop) the template ``serve`` forked before
-        this process had a ZeroMQ context (``executor.workers.spawn.early_template``, or
-        ``fork_template()``): it waits for its ``Configure`` and has read no tool module yet."""
+        """Take as ours (to configure with ``start``, or to stop) the template ``serve`` started
+        (``executor.workers.spawn.fork_template``): it waits for its ``Configure`` and has read no
+        tool module yet."""
         self.pid, self.channel = forked
         self.phase = Phase.HELD
 
@@ -186,13 +186,11 @@ class TemplateKeeper:
             self._restart()
 
     def _begin(self) -> None:
-        """Take the held template, or fork a new interpreter (``executor.workers.template``; forked
-        from this process's memory, it would give its workers other clients' calls and results, our
-        keys, and ZeroMQ's threads), and wait for its first message. Raises ``StartupError`` when
-        the fork fails."""
+        """Take the held template, or start a new one (``executor.workers.spawn``), and wait for its
+        first message. Raises ``StartupError`` when the fork fails."""
         if self.phase is not Phase.HELD or self.channel is None:
             try:
-                self.pid, self.channel = spawn.fork_template(fresh=True, confined=self.config.confinement is not None)
+                self.pid, self.channel = spawn.fork_template(confined=self.config.confinement is not None)
             except OSError as e:  # fork(): out of processes or memory
                 raise StartupError(f"cannot fork the tool template: {e}") from None
         self.fd = self.channel.fileno()

@@ -122,7 +122,7 @@ class WorkerPool:
         return self.keeper.cgroups
 
     def hold(self, forked: tuple[int, socket.socket]) -> None:
-        """Take the template ``serve`` forked early (``TemplateKeeper.hold``)."""
+        """Take the template ``serve`` started (``TemplateKeeper.hold``)."""
         self.keeper.hold(forked)
 
     def start_template(self, watch: dict[int, Callable[[], str]] | None = None) -> None:
@@ -252,11 +252,11 @@ class WorkerPool:
             worker.job, worker.started, worker.applying = job, False, False
             worker.enter(Phase.STARTING, now)
             worker.seq += 1
-            worker.reader.limit = reply_cap(job.limits)
+            worker.reader.limit = reply_cap(job.limits.max_result_kb)
             if self.config.reuse:  # a fresh worker's reply comes later than a spin is worth (its faults)
                 self.spin_until = now + SPIN_AFTER_DISPATCH
             request = CallRequest(seq=worker.seq, tool=job.call.tool, args=job.call.args, kwargs=job.call.kwargs,
-                                  limits=job.limits.model_dump() if job.limits is not self.limits else None)
+                                  cpu_s=cpu if (cpu := job.limits.effective_cpu_s()) != self.limits.cpu_s else None)
             worker.outbuf += framing.pack(request.to_wire())
             worker.flush(self.fds)
         self._refill(urgent=False)

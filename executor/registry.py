@@ -1,13 +1,19 @@
-"""Tool modules -> a registry of named tools with their specs.
+"""Tool modules -> a registry of named tools, and their specs.
 
 A tool is a plain function marked with ``@executor.tool(...)``, or a public function listed in its
 module's ``__all__``. ``--tools`` names a dotted module or a path to a ``.py`` file.
 
-Loading checks each definition: every annotation must resolve (``b: itn`` under ``from __future__
-import annotations`` is refused, naming the tool and the parameter), and argument values are later
-checked against the annotations (``ToolSpec.bind``: a wrong type is ``bad_arguments`` naming the
-parameter). A tool without a docstring is loaded with a warning in the executor's log: the model
-then sees only its signature, which works for a self-explanatory tool but is usually a mistake.
+Two steps, because the template (``executor.workers.worker``) must stay small: ``find_tools``
+imports the modules and finds the tools, in plain Python; ``describe`` builds each tool's
+``ToolSpec`` by reflection, which needs pydantic (about 8 MB that every fork would copy), so the
+template runs it in a child that exits afterwards. ``load_tools`` does both, in this process.
+
+Describing checks each definition: every annotation must resolve (``b: itn`` under ``from
+__future__ import annotations`` is refused, naming the tool and the parameter); argument values are
+later checked against the annotations (``ToolSpec.check_arguments``, by the supervisor: a wrong type
+is ``bad_arguments`` naming the parameter). A tool without a docstring is loaded with a warning in
+the executor's log: the model then sees only its signature, which works for a self-explanatory tool
+but is usually a mistake.
 """
 
 from __future__ import annotations
@@ -18,13 +24,15 @@ import inspect
 import logging
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from protocol import ToolSpec, ValueRefused, check_value
 from protocol.errors import CiaynError
-from protocol.spec import MAX_NAME_CHARS, MAX_TOOLS, ToolDefinitionError
+from protocol.values import MAX_NAME_CHARS, MAX_TOOLS, ValueRefused, check_value
+
+if TYPE_CHECKING:
+    from protocol import ToolSpec
 
 log = logging.getLogger("ciayn.executor.registry")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -76,9 +84,14 @@ def tool(
 
 @dataclass(frozen=True)
 class Tool:
-    spec: ToolSpec
+    """A tool found in a module: the name calls give, the function, its module and ``@tool``'s flags
+    (bundleable, no_repeat, idempotent, timeout); ``spec`` once described (``describe``)."""
+
+    name: str
     fn: Callable[..., Any]
     module: str
+    flags: dict[str, Any] = field(default_factory=dict)
+    spec: ToolSpec | None = None
 
 
 def load_module(target: str) -> Any:
@@ -124,34 +137,49 @@ def tools_of(module: Any) -> list[Tool]:
         if not isinstance(tool_name, str) or not 0 < len(tool_name) <= MAX_NAME_CHARS:
             raise RegistryError(f"tool {where}: its name must be a string of 1 to {MAX_NAME_CHARS} characters, "
                                 f"as a call's tool name is, not {str(tool_name)[:80]!r}")
-        try:
-            spec = ToolSpec.from_function(obj, name=tool_name, **flags)
-        except ToolDefinitionError as e:
-            hint = "" if "cannot be announced" in str(e) else "; fix the annotation or import the type"
-            raise RegistryError(f"{e} (in {where}){hint}") from None
-        if not spec.doc:
-            log.warning("tool %s (%s) has no docstring: the model sees only its signature; "
-                        "add one that says what it does and returns", tool_name, where)
-        try:
-            check_value(spec.model_dump(), f"the spec of tool {where}")
-        except ValueRefused as e:  # e.g. a default value msgpack cannot carry
-            raise RegistryError(f"{e}; give its parameters defaults that are plain data") from None
-        found[id(obj)] = Tool(spec=spec, fn=obj, module=module.__name__)
+        found[id(obj)] = Tool(name=tool_name, fn=obj, module=module.__name__, flags=flags)
     return list(found.values())
 
 
+def describe(t: Tool) -> ToolSpec:
+    """``t``'s ``ToolSpec``, built by reflection (this imports pydantic: see the module's docstring
+    for where that runs). Raises ``RegistryError`` for a definition that cannot be used."""
+    from protocol.spec import ToolDefinitionError, ToolSpec
+
+    where = f"{t.module}.{t.fn.__name__}"
+    try:
+        spec = ToolSpec.from_function(t.fn, name=t.name, **t.flags)
+    except ToolDefinitionError as e:
+        hint = "" if "cannot be announced" in str(e) else "; fix the annotation or import the type"
+        raise RegistryError(f"{e} (in {where}){hint}") from None
+    if not spec.doc:
+        log.warning("tool %s (%s) has no docstring: the model sees only its signature; "
+                    "add one that says what it does and returns", t.name, where)
+    try:
+        check_value(spec.model_dump(), f"the spec of tool {where}")
+    except ValueRefused as e:  # e.g. a default value msgpack cannot carry
+        raise RegistryError(f"{e}; give its parameters defaults that are plain data") from None
+    return spec
+
+
 def load_tools(targets: Iterable[str]) -> dict[str, Tool]:
-    """Load every module and return the tools by name; a name offered twice is an error."""
+    """``find_tools``, each tool described (``describe``: its ``spec`` set)."""
+    return {name: replace(t, spec=describe(t)) for name, t in find_tools(targets).items()}
+
+
+def find_tools(targets: Iterable[str]) -> dict[str, Tool]:
+    """Import every module and return its tools by name, not described; a name offered twice is an
+    error."""
     registry: dict[str, Tool] = {}
     for target in targets:
         for t in tools_of(load_module(target)):
-            other = registry.get(t.spec.name)
+            other = registry.get(t.name)
             if other is not None:
                 raise RegistryError(
-                    f"two tools are named {t.spec.name!r}: one in {other.module}, one in {t.module}; "
+                    f"two tools are named {t.name!r}: one in {other.module}, one in {t.module}; "
                     "rename one (@tool(name=...)) or load only one of the modules"
                 )
-            registry[t.spec.name] = t
+            registry[t.name] = t
     if not registry:
         raise RegistryError("no tools found: mark functions with @executor.tool or list them in __all__")
     if len(registry) > MAX_TOOLS:

@@ -30,7 +30,7 @@ from executor.keeper import StartStopped, StartupError
 from executor.metrics import CallStats, MetricsServer
 from executor.pool import WorkerPool
 from executor.workers.confinement import Confinement
-from executor.workers.limits import effective_limits, requested_timeout
+from executor.workers.limits import WorkerLimits
 from executor.workers.privacy import not_dumpable, scrub_initial_environment
 from executor.workers.spawn import enter_workspace, fork_template
 from executor.workers.worker import WorkerConfig
@@ -53,7 +53,7 @@ from protocol import (
     encode,
 )
 from protocol.curve import CurveError, load_pair, load_public
-from protocol.messages import MAX_TIMEOUT_S
+from protocol.messages import MAX_TIMEOUT_S, effective_limits, requested_timeout
 from protocol.timing import APPLY_GRACE, HELD_RECENT
 from protocol.wire import LogBudget
 
@@ -91,12 +91,8 @@ class ServeConfig:
 
 
 class Supervisor:
-    def __init__(self, config: ServeConfig, early_template: tuple[int, socket.socket] | None = None) -> None:
-        """``early_template``: the template ``serve`` forked before this module was imported
-        (``executor.workers.spawn.early_template``), which waits for its configuration; without it the
-        template is forked when ``serve`` starts it."""
+    def __init__(self, config: ServeConfig) -> None:
         self.config = config
-        self.early_template = early_template
         self.metrics: MetricsServer | None = None
         self.stats = CallStats()
         self.started = time.monotonic()
@@ -104,7 +100,7 @@ class Supervisor:
         self.incarnation = time.time_ns() // 1000 % (1 << 53)  # distinct across restarts
         self.calls = CallTable(config.max_queue, max_queue_bytes=config.max_queue_mb * 1024**2,
                                max_wait=config.max_queue_wait)
-        workers = WorkerConfig(targets=config.tools, limits=config.limits, name=self.executor_id,
+        workers = WorkerConfig(targets=config.tools, limits=WorkerLimits.of(config.limits), name=self.executor_id,
                                use_cgroups=config.use_cgroups, reuse=config.reuse_workers,
                                pass_env=list(config.pass_env), confinement=config.confinement)
         self.pool = WorkerPool(workers, size=config.workers, on_done=self._finish, next_job=self.calls.next_queued,
@@ -118,18 +114,12 @@ class Supervisor:
     # ---------------------------------------------------------------- start-up and shutdown
 
     def serve(self) -> int:
-        try:
-            parent_fd = self._watch_parent()  # first: a dead parent must not leave a socket file behind
-        except StartupError:
-            if self.early_template is not None:
-                _dismiss(self.early_template)
-            raise
-        enter_workspace(self.config.workspace)  # (kept: the early template's were set so by early_template)
+        parent_fd = self._watch_parent()  # first: a dead parent must not leave a socket file behind
+        enter_workspace(self.config.workspace)
         not_dumpable()  # no ptrace, /proc/PID/mem or pidfd_getfd of our processes by a tool of our user
         scrub_initial_environment()  # nor the environment we started with, through /proc/PID/environ
-        # The template is forked before any ZeroMQ context exists, and waits for its Configure.
-        template = self.early_template or fork_template()
-        self.early_template = None
+        # The template (a new interpreter) starts while we open the endpoint, and waits for its Configure.
+        template = fork_template(confined=self.config.confinement is not None)
         # A signal or the parent's exit from now on, the import included, is a shutdown that removes
         # what was made (the socket file first), never Python's default death.
         wake_r = _wake_on_signals(self._on_signal)
@@ -341,7 +331,7 @@ class Supervisor:
                                                f"no tool named {call.tool[:64]!r}; available: {names}"))
             return
         try:
-            spec.bind(call.args, call.kwargs)
+            spec.check_arguments(spec.bind(call.args, call.kwargs))
         except BindError as e:
             self._refuse(route, Result.failure(cid, "bad_arguments", f"{e}; signature: {spec.name}{spec.signature}"))
             return

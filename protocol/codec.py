@@ -13,9 +13,7 @@ call's id or the ping's nonce whenever the body holds a readable one, wherever e
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Sequence
-from itertools import repeat
 from typing import Any
 
 import msgpack
@@ -37,11 +35,11 @@ from protocol.messages import (
 from protocol.values import (
     CONTAINER_COST,
     INT_MAX,
-    MAX_DEPTH,
     MAX_ELEMENTS,
     ElementBudget,
     ValueRefused,
     check_value,
+    unpack,
 )
 
 VERSION = b"ciayn/1"
@@ -52,7 +50,6 @@ MAX_MESSAGE_BYTES = MAX_FRAME_BYTES + 4096  # a whole message: version, kind, bo
 # above MAX_MESSAGE_BYTES, so that a body somewhat over the cap reaches ``decode`` and gets a
 # ``protocol`` reply instead of a silent disconnect.
 SOCKET_MAX_FRAME_BYTES = 2 * MAX_FRAME_BYTES
-MAX_BODY_DEPTH = MAX_DEPTH + 2  # containers, counting the body map and a field's own value
 _KINDS = {k.encode(): k for k in BY_KIND}
 _ID_KINDS = ("call", "result")  # a readable id in these is echoed (a cancel's reply never carries one)
 _ID_CHARS = frozenset(range(0x21, 0x7F))
@@ -128,82 +125,6 @@ def _frame_bytes(frame: Any) -> bytes:
     raise ProtocolError(f"a frame must be bytes, got {type(frame).__name__}")
 
 
-class _Refused(Exception):
-    """Raised inside the unpacker's hooks to stop it."""
-
-
-class _Unpacking:
-    """The unpacker's hooks: count elements (``protocol.values``' rule) and nesting as each container
-    is finished, refuse non-str keys, and stop the unpacker as soon as a bound is passed. A container
-    is never longer than the budget (``max_*_len``), so what is built before the stop is bounded too."""
-
-    __slots__ = ("height", "left")
-
-    def __init__(self) -> None:
-        self.left = MAX_ELEMENTS
-        self.height: dict[int, int] = {}  # id() of each finished container -> containers nested in it
-
-    def list_hook(self, items: list[Any]) -> list[Any]:
-        self.left -= CONTAINER_COST + len(items)
-        if self.left < 0:
-            raise _Refused(f"the body costs more than {MAX_ELEMENTS} elements")
-        height = max(map(self.height.get, map(id, items), repeat(0))) + 1 if items else 1
-        if height > MAX_BODY_DEPTH:
-            raise _Refused(f"the body nests containers deeper than {MAX_BODY_DEPTH} levels")
-        self.height[id(items)] = height
-        return items
-
-    def pairs_hook(self, pairs: list[tuple[Any, Any]]) -> dict[str, Any]:
-        self.left -= CONTAINER_COST + 2 * len(pairs)
-        if self.left < 0:
-            raise _Refused(f"the body costs more than {MAX_ELEMENTS} elements")
-        mapping = dict(pairs)
-        if len(mapping) != len(pairs):
-            raise _Refused("a map repeats a key")
-        if not _STR_ONLY.issuperset(map(type, mapping)):
-            bad = next(k for k in mapping if type(k) is not str)
-            raise _Refused(f"a map has a {type(bad).__name__} key {repr(bad)[:60]}; keys must be str")
-        height = max(map(self.height.get, map(id, mapping.values()), repeat(0))) + 1 if pairs else 1
-        if height > MAX_BODY_DEPTH:
-            raise _Refused(f"the body nests containers deeper than {MAX_BODY_DEPTH} levels")
-        self.height[id(mapping)] = height
-        return mapping
-
-
-_STR_ONLY = frozenset([str])
-
-
-def _no_extensions(code: int, data: bytes) -> Any:
-    raise _Refused(f"msgpack extension types are not allowed (found type {code})")
-
-
-def unpack(body: bytes) -> Any:
-    """msgpack ``body`` as a value, bounded in work: the element budget, nesting, str keys only, no
-    extension types (``ValueError`` when a bound is passed; msgpack's own exceptions for malformed
-    input). For any msgpack an untrusted peer sends, not only message bodies (e.g. what a worker,
-    which shares its process with tool code, replies)."""
-    try:
-        return _unpack(body)
-    except _Refused as e:
-        raise ValueError(str(e)) from None
-
-
-def _unpack(body: bytes) -> Any:
-    hooks = _Unpacking()
-    collecting = gc.isenabled()
-    gc.disable()  # the body builds up to MAX_ELEMENTS containers: no collections meanwhile
-    try:
-        return msgpack.unpackb(
-            body, raw=False, strict_map_key=True, use_list=True,
-            max_str_len=len(body), max_bin_len=len(body), max_ext_len=0,
-            max_array_len=MAX_ELEMENTS, max_map_len=MAX_ELEMENTS // 2,
-            list_hook=hooks.list_hook, object_pairs_hook=hooks.pairs_hook, ext_hook=_no_extensions,
-        )
-    finally:
-        if collecting:
-            gc.enable()
-
-
 PEEK_BYTES = 64 * 1024  # where a receiver looks for the id of a body it cannot decode (senders put it first)
 _STR_HEADERS = frozenset([*range(0xA0, 0xC0), 0xD9, 0xDA, 0xDB])
 _UINT_HEADERS = frozenset([*range(0x00, 0x80), 0xCC, 0xCD, 0xCE, 0xCF])
@@ -269,8 +190,8 @@ def _decode_body(kind: str, body: bytes, max_bytes: int) -> Message:
     if len(body) > max_bytes:
         raise ProtocolError(f"{kind} body is {len(body)} bytes, over the {max_bytes}-byte limit")
     try:
-        fields = _unpack(body)
-    except _Refused as e:
+        fields = unpack(body)
+    except ValueRefused as e:
         raise ProtocolError(f"{kind} body refused: {e}") from None
     except Exception as e:  # msgpack raises many types for malformed input
         raise ProtocolError(f"{kind} body is not valid msgpack: {type(e).__name__}: {e}"[:500]) from None

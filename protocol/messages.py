@@ -10,6 +10,7 @@ messages into frames and back; nothing else serialises them.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -78,6 +79,32 @@ class Limits(Body):
         if self.cpu_s is not None:
             return max(1, int(self.cpu_s + 0.999))
         return max(1, int(self.timeout_s + 1.999))
+
+
+def requested_timeout(default: float, spec: ToolSpec | None, call: Call | None) -> float:
+    """The timeout a call asks for (SPEC.md section 7): its own, else its tool's, else ``default``.
+    A timeout that is not a positive finite number (inf, nan, 0) overrides nothing: every call has a
+    deadline."""
+    timeout = default
+    if spec is not None and spec.timeout is not None and _usable(spec.timeout):
+        timeout = spec.timeout
+    if call is not None and call.timeout is not None and _usable(call.timeout):
+        timeout = call.timeout
+    return float(timeout)
+
+
+def effective_limits(defaults: Limits, spec: ToolSpec | None, call: Call | None,
+                     max_timeout: float = MAX_TIMEOUT_S) -> Limits:
+    """Command-line defaults, overridden by the tool's timeout, overridden by the call's timeout; the
+    timeout at most ``max_timeout`` (``--max-timeout``: a ceiling, not a default), whoever asked."""
+    timeout = min(requested_timeout(defaults.timeout_s, spec, call), max_timeout)
+    if timeout == defaults.timeout_s:
+        return defaults
+    return defaults.model_copy(update={"timeout_s": timeout})
+
+
+def _usable(timeout: float) -> bool:
+    return math.isfinite(timeout) and timeout > 0
 
 
 class Call(Body):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import operator
 import warnings
 from collections.abc import Callable
 from typing import Any, Literal
@@ -15,6 +16,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, field_validator
 
 from protocol.errors import CiaynError
+from protocol.values import MAX_NAME_CHARS, MAX_TOOLS
+
+__all__ = ["MAX_NAME_CHARS", "MAX_TOOLS", "BindError", "Param", "ToolDefinitionError", "ToolSpec"]
 
 ParamKind = Literal["positional_only", "positional_or_keyword", "var_positional", "keyword_only", "var_keyword"]
 _KINDS: dict[Any, ParamKind] = {
@@ -26,14 +30,12 @@ _KINDS: dict[Any, ParamKind] = {
 }
 NO_DOC = ""  # a tool without a docstring: the prompt shows its signature alone (the registry warns)
 MAX_SHOWN_VALUE_CHARS = 60  # of a refused argument value, in a bad-arguments message
-MAX_NAME_CHARS = 256  # tool, parameter, client, executor and profile names
 # What a tool's spec may take of every prompt it goes into (CIAYN's tool list, ReAct's tool schema):
 # a hostile executor or broker announcing its tools must not fill the model's context.
 MAX_SIGNATURE_CHARS = 4096
 MAX_DOC_CHARS = 32768
 MAX_SCHEMA_BYTES = 65536  # the parameters' JSON Schema, encoded
 MAX_SCHEMA_DEPTH = 32
-MAX_TOOLS = 1024  # tools an executor, or a whole pool behind a broker, serves
 
 
 class BindError(CiaynError, ValueError):
@@ -171,6 +173,32 @@ class ToolSpec(BaseModel):
             self._check_types(bound)
         return bound
 
+    def check_arguments(self, bound: dict[str, Any]) -> None:
+        """Check bound argument values (``bind``'s result) against the annotations, or raise
+        ``BindError`` naming the first bad parameter: with the pydantic model where the function was at
+        hand (``from_function``: ``bind`` already did), else against ``parameters``, the JSON Schema
+        a spec from the wire carries (the executor's supervisor: its tools' functions live in the
+        template only). The schema is checked for the parts pydantic writes (``_SchemaCheck``),
+        within a bound on the work, so that a schema a hostile tool module made costs the
+        supervisor little."""
+        if self._arguments is not None:
+            self._check_types(bound)
+            return
+        properties = self.parameters.get("properties")
+        if not isinstance(properties, dict):
+            return
+        check = _SchemaCheck(self.parameters)
+        for p in self.params:
+            if p.name in bound and not p.kind.startswith("var_") and p.name in properties:
+                problem = check.problem(properties[p.name], bound[p.name])
+                if problem is not None:
+                    where, what, value = problem
+                    shown = repr(value)
+                    if len(shown) > MAX_SHOWN_VALUE_CHARS:
+                        shown = shown[: MAX_SHOWN_VALUE_CHARS - 3] + "..."
+                    path = "".join(f"[{part!r}]" for part in where)
+                    raise BindError(f"{self.name}() argument {p.name!r}{path}: {what}, got {shown}")
+
     def defaults(self) -> dict[str, Any]:
         """The default value of each optional named parameter, as the JSON Schema records it."""
         properties = self.parameters.get("properties") or {}
@@ -300,3 +328,155 @@ def _at(values: Any, loc: tuple[Any, ...]) -> Any:
         except (KeyError, IndexError, TypeError):
             return values
     return values
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str, bytes), "integer": (int,), "number": (int, float), "boolean": (bool,),
+    "null": (type(None),), "array": (list, tuple), "object": (dict,),
+}
+_TYPE_WORDS = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "a boolean",
+               "null": "null", "array": "a list", "object": "a map"}
+_NULL = {"type": "null"}
+_Problem = tuple[tuple[Any, ...], str, Any]  # where in the value, what is wrong, the bad part
+SCHEMA_CHECK_STEPS = 100_000  # schema nodes visited per call at most; past it the rest goes unchecked
+SCHEMA_REF_CHAIN = 32  # $refs followed in a row without going into the value
+
+
+class _SchemaCheck:
+    """The parts of JSON Schema that pydantic writes for annotations, checked the way pydantic's
+    strict mode checks the JSON it came from (a bool is no number, bytes pass as a string, a list
+    fills a tuple): ``type``, ``enum``, ``const``, ``anyOf``/``oneOf``/``allOf``, local ``$ref`` into
+    ``$defs``, ``properties``/``required``/``additionalProperties``, ``items``/``prefixItems``/
+    ``minItems``/``maxItems``, numeric bounds and string lengths. Everything else (``pattern``,
+    ``format``) is not checked: a pattern would run a tool module's regular expression in the
+    supervisor. Work is bounded (``SCHEMA_CHECK_STEPS``): a schema that needs more leaves the rest
+    unchecked, as an annotation pydantic cannot map always did."""
+
+    def __init__(self, root: dict[str, Any]) -> None:
+        defs = root.get("$defs")
+        self.defs: dict[str, Any] = defs if isinstance(defs, dict) else {}
+        self.steps = SCHEMA_CHECK_STEPS
+
+    def problem(self, schema: Any, value: Any, refs: int = 0) -> _Problem | None:
+        """What is wrong with ``value`` (``_Problem``), or None when it passes (or goes unchecked)."""
+        self.steps -= 1
+        if self.steps < 0 or not isinstance(schema, dict):
+            return None
+        ref = schema.get("$ref")
+        if isinstance(ref, str):
+            target = self.defs.get(ref.removeprefix("#/$defs/")) if ref.startswith("#/$defs/") else None
+            if target is not None and refs < SCHEMA_REF_CHAIN:
+                found = self.problem(target, value, refs + 1)
+                if found is not None:
+                    return found
+        for key in ("anyOf", "oneOf"):
+            branches = schema.get(key)
+            if isinstance(branches, list) and branches:
+                found = None
+                for branch in branches:
+                    found = self.problem(branch, value, refs)
+                    if found is None:
+                        break
+                if found is not None:
+                    # ``X | None`` given something that is not None: what is wrong with it as an X
+                    left = [b for b in branches if value is None or b != _NULL]
+                    return self.problem(left[0], value, refs) if len(left) == 1 else ((), _one_of(branches), value)
+        for branch in schema.get("allOf") or ():
+            found = self.problem(branch, value, refs)
+            if found is not None:
+                return found
+        return self._plain(schema, value)
+
+    def _plain(self, schema: dict[str, Any], value: Any) -> _Problem | None:
+        kinds = schema.get("type")
+        names = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else []
+        if names and not any(_is(name, value) for name in names):
+            return (), f"should be {' or '.join(_TYPE_WORDS.get(n, str(n)) for n in names)}", value
+        if "const" in schema and not _same(value, schema["const"]):
+            return (), f"should be {schema['const']!r}", value
+        enum = schema.get("enum")
+        if isinstance(enum, list) and not any(_same(value, e) for e in enum):
+            return (), f"should be one of {', '.join(repr(e) for e in enum[:10])}", value
+        if type(value) in (int, float):
+            return _bounds(schema, value)
+        if isinstance(value, str | bytes):
+            wrong = _size(schema, len(value), "minLength", "maxLength", "characters")
+            return None if wrong is None else ((), wrong, value)
+        if isinstance(value, list | tuple):
+            return self._array(schema, value)
+        if isinstance(value, dict):
+            return self._object(schema, value)
+        return None
+
+    def _array(self, schema: dict[str, Any], value: list[Any] | tuple[Any, ...]) -> _Problem | None:
+        wrong = _size(schema, len(value), "minItems", "maxItems", "items")
+        if wrong is not None:
+            return (), wrong, value
+        prefix = schema.get("prefixItems")
+        prefix = prefix if isinstance(prefix, list) else []
+        items = schema.get("items")
+        for i, item in enumerate(value):
+            part = prefix[i] if i < len(prefix) else items
+            if part is False:
+                return (i,), "is one item too many", item
+            found = self.problem(part, item)
+            if found is not None:
+                return (i, *found[0]), found[1], found[2]
+        return None
+
+    def _object(self, schema: dict[str, Any], value: dict[str, Any]) -> _Problem | None:
+        properties = schema.get("properties")
+        properties = properties if isinstance(properties, dict) else {}
+        required = schema.get("required")
+        for name in required if isinstance(required, list) else ():
+            if name not in value:
+                return (), f"is missing the key {name!r}", value
+        extra = schema.get("additionalProperties", True)
+        for key, item in value.items():
+            part = properties.get(key, extra)
+            if part is False:
+                return (key,), "is not an accepted key", item
+            found = self.problem(part, item)
+            if found is not None:
+                return (key, *found[0]), found[1], found[2]
+        return None
+
+
+def _is(name: str, value: Any) -> bool:
+    kinds = _JSON_TYPES.get(name)
+    return kinds is None or ((type(value) is not bool or name == "boolean") and isinstance(value, kinds))
+
+
+def _same(value: Any, expected: Any) -> bool:
+    """JSON equality: ``true`` is not ``1``, and ``1.0`` is ``1``."""
+    return (type(value) is bool) == (type(expected) is bool) and value == expected
+
+
+def _one_of(branches: list[Any]) -> str:
+    words = [_TYPE_WORDS.get(str(b.get("type")), "") if isinstance(b, dict) else "" for b in branches]
+    return f"should be {' or '.join(words)}" if all(words) else "matches none of the types it may be"
+
+
+def _size(schema: dict[str, Any], n: int, low_key: str, high_key: str, noun: str) -> str | None:
+    low, high = schema.get(low_key), schema.get(high_key)
+    low = low if type(low) is int else 0
+    high = high if type(high) is int else None
+    if low <= n and (high is None or n <= high):
+        return None
+    if high is None:
+        return f"should have at least {low} {noun}"
+    if low == high:
+        return f"should have {low} {noun}"
+    return f"should have {low} to {high} {noun}" if low else f"should have at most {high} {noun}"
+
+
+_BOUNDS = (("minimum", ">=", operator.ge), ("maximum", "<=", operator.le), ("exclusiveMinimum", ">", operator.gt),
+           ("exclusiveMaximum", "<", operator.lt))
+
+
+def _bounds(schema: dict[str, Any], value: float) -> _Problem | None:
+    for key, word, holds in _BOUNDS:
+        bound = schema.get(key)
+        if isinstance(bound, int | float) and type(bound) is not bool and not holds(value, bound):
+            return (), f"should be {word} {bound}", value
+    return None

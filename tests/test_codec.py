@@ -47,10 +47,9 @@ from protocol import (
     encode,
     parse_call,
 )
-from protocol.codec import unpack
 from protocol.messages import BY_KIND, MESSAGE_TYPES
 from protocol.spec import Param
-from protocol.values import CONTAINER_COST, INT_MAX, INT_MIN, MAX_DEPTH, MAX_ELEMENTS
+from protocol.values import CONTAINER_COST, INT_MAX, INT_MIN, MAX_DEPTH, MAX_ELEMENTS, unpack
 from tests.support.bombs import BOMBS
 
 
@@ -642,7 +641,7 @@ def test_random_bytes_only_give_protocol_errors_quickly(kind: bytes, body: bytes
 
 
 def test_unpack_bounds_any_untrusted_msgpack_the_same_way() -> None:
-    """``protocol.codec.unpack`` is the bounded unpacker for msgpack that is not a message body."""
+    """``protocol.values.unpack`` is the bounded unpacker for msgpack that is not a message body."""
     assert unpack(msgpack.packb({"ok": [1, 2]})) == {"ok": [1, 2]}
     for make in BOMBS.values():
         body = make()[2]

@@ -18,7 +18,7 @@ from protocol import CiaynError
 # raised to a user of the packages.
 INTERNAL = {
     "executor.workers.framing.FrameError", "executor.workers.channel.ChannelError",
-    "executor.workers.pidns._Unavailable", "executor.sandbox.overlay.Refused", "protocol.codec._Refused",
+    "executor.workers.pidns._Unavailable", "executor.sandbox.overlay.Refused",
     "controller.cli.UserError", "controller.react._StopRequested",
 }
 

@@ -71,6 +71,39 @@ def test_import_pulls_in_nothing_forbidden(code: str, expected: str, forbidden: 
     assert [m for m in modules if _is_forbidden(m, forbidden)] == []
 
 
+def test_a_template_maps_no_pydantic() -> None:
+    """Every fresh worker is a fork of the template, and the kernel copies the page tables of all the
+    template maps at each fork and tears them down at each exit: pydantic's machinery alone is about
+    8 MB, which made a fork+exit+wait 2.5 times dearer. What a template imports (its entry, the far
+    side of the fork, and the registry finding the built-in and shell toolkits) loads no pydantic and
+    no protocol module that needs it: tool specs are described in a child of the template."""
+    modules = _modules_after("import executor.workers.template\n"
+                             "from executor.registry import find_tools\n"
+                             "find_tools(['executor.toolkits.builtin', 'executor.toolkits.shell'])")
+    assert "executor.workers.worker" in modules and "executor.toolkits.shell" in modules
+    heavy = ("pydantic", "pydantic_core", "protocol.messages", "protocol.spec", "protocol.codec", "zmq")
+    assert [m for m in modules if _matches(m, heavy)] == []
+
+
+def test_the_protocol_package_imports_its_names_when_first_used() -> None:
+    """``import protocol.values`` (what the template needs) loads no pydantic, yet every name of
+    ``protocol.__all__`` resolves, to the object its module defines, and the names the type checker
+    is told about (the ``TYPE_CHECKING`` imports) are exactly ``__all__``."""
+    assert [m for m in _modules_after("import protocol.values, protocol.environment, protocol.errors")
+            if _matches(m, ("pydantic", "protocol.messages"))] == []
+    import protocol
+
+    tree = ast.parse((ROOT / "protocol" / "__init__.py").read_text())
+    guarded = next(n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")
+    told = {alias.name: node.module for node in guarded.body if isinstance(node, ast.ImportFrom)
+            for alias in node.names}
+    assert set(told) == set(protocol.__all__)
+    for name, module in told.items():
+        assert getattr(protocol, name) is getattr(sys.modules[str(module)], name), name
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
+        protocol.nonexistent  # noqa: B018
+
+
 def test_the_probe_would_see_a_leak() -> None:
     """Guard against a probe that can never fail: a model-stack module in sys.modules is seen."""
     modules = _modules_after("import sys, types\nsys.modules['langchain_core'] = types.ModuleType('langchain_core')")
@@ -285,13 +318,11 @@ def test_the_client_side_knows_nothing_of_workers_or_the_call_table() -> None:
 def test_the_broker_stands_apart_from_the_executor_that_runs_calls() -> None:
     """executor/broker/ fronts a pool of executors: nothing else under executor/ imports it but the command
     line that starts it, and it imports nothing that runs calls: no worker pool, supervisor, hardened profile,
-    tool registry or far side of the fork (but ``executor.workers.limits``, whose ``requested_timeout`` is the
-    one rule for a call's timeout that both ends apply)."""
+    tool registry or far side of the fork (the one rule for a call's timeout that both apply,
+    ``requested_timeout``, is the protocol's)."""
     users = _offending("executor", lambda module: _matches(module, ("executor.broker",)), at_least=30)
     assert [u for u in users if not u.startswith(("executor/broker/", "executor/cli.py:"))] == []
-    allowed = ("executor.workers.limits",)
-    assert _offending("executor/broker", lambda module: _matches(module, BROKER_FORBIDDEN) and module not in allowed,
-                      at_least=7) == []
+    assert _offending("executor/broker", lambda module: _matches(module, BROKER_FORBIDDEN), at_least=7) == []
 
 
 BROKER_FORBIDDEN = ("executor.pool", "executor.slot", "executor.supervisor", "executor.keeper", "executor.workers",

@@ -91,6 +91,7 @@ def test_an_argument_of_the_wrong_type_is_bad_arguments_naming_the_parameter(cli
     assert not result.ok and result.error.kind == "bad_arguments"
     assert "typed() argument 'count'" in result.error.message and "'3'" in result.error.message
     assert result.error.traceback is None
+    assert result.worker is None  # refused before it was queued: no worker was used for it
     assert client.call(Call(tool="typed", args=[3], id="typed-2")).value == "x x3"
 
 

@@ -24,9 +24,8 @@ from executor.broker.records import Job, Member
 from executor.broker.sockets import Sockets, frames_of
 from executor.calls import MAX_QUEUE_BYTES
 from executor.fairqueue import FairQueue
-from executor.workers.limits import requested_timeout
 from protocol import Call, Cancel, Result, ToolSpec
-from protocol.messages import MAX_TIMEOUT_S
+from protocol.messages import MAX_TIMEOUT_S, requested_timeout
 from protocol.timing import APPLY_GRACE, RECOVERY_WINDOW, RESULT_GRACE
 
 log = logging.getLogger("ciayn-broker")
@@ -216,7 +215,7 @@ class Router:
 
     def timeout_on(self, job: Job, member: Member) -> float:
         """The timeout ``member`` applies to ``job``: the call's, else the tool's, else its default
-        (``executor.workers.limits.requested_timeout``), at most its own ceiling and the broker's,
+        (``protocol.messages.requested_timeout``), at most its own ceiling and the broker's,
         whatever it announced (``frames_for`` tells it the broker's)."""
         asked = requested_timeout(member.ready.limits.timeout_s, job.spec, job.call)
         return min(asked, member.ready.max_timeout_s, self.ceiling(job.call))

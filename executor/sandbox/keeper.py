@@ -42,9 +42,8 @@ from executor.workers import framing
 from executor.workers.channel import Applying, CallRequest, ChannelError, Reply, Started, reply_cap
 from executor.workers.processes import kill_children
 from executor.workers.procfs import PF_EXITING, stat_fields
-from protocol import Limits
-from protocol.codec import unpack
 from protocol.timing import APPLY_GRACE
+from protocol.values import unpack
 
 _HEADER = struct.Struct("!I")
 _READ = 1 << 16
@@ -187,7 +186,7 @@ class Keeper:
                  quota: int, max_result_kb: int, pid_namespace: bool = True, tally: str | None = None) -> None:
         self.chan, self.inner, self.child = chan, inner, child
         self.upper, self.workspace, self.quota, self.tally = upper, workspace, quota, tally
-        self.cap = reply_cap(Limits(max_result_kb=max_result_kb))
+        self.cap = reply_cap(max_result_kb)  # a call's own limits never change it
         self.request: CallRequest | None = None
         self.from_supervisor = _Frames()
         self.from_child = _Frames()
@@ -256,10 +255,8 @@ class Keeper:
             return False
         self.from_supervisor.feed(data)
         while (frame := self.from_supervisor.pop()) is not None:
-            with contextlib.suppress(ValueError):  # ChannelError, pydantic's ValidationError
+            with contextlib.suppress(ValueError):  # ChannelError
                 self.request = CallRequest.from_wire(_decode(frame))
-                if self.request.limits:
-                    self.cap = reply_cap(Limits.model_validate(self.request.limits))
         with contextlib.suppress(OSError):  # a dead child: its exit is seen on the pidfd
             self.inner.sendall(data)
         return True

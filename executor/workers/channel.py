@@ -9,18 +9,16 @@ message is a msgpack map with an ``op`` key (see ``executor.workers.framing`` fo
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar, Self
-
-if TYPE_CHECKING:
-    from protocol import Limits
+from typing import Any, ClassVar, Self
 
 REPLY_OVERHEAD = 64 * 1024  # room for the error, signals and stats around a result of max_result_kb
 
 
-def reply_cap(limits: Limits) -> int:
-    """The largest reply frame a worker may send for a call with these limits; the supervisor (or a
-    hardened call's keeper) cuts off a worker that announces a larger one before reading it."""
-    return limits.max_result_kb * 1024 + REPLY_OVERHEAD
+def reply_cap(max_result_kb: int) -> int:
+    """The largest reply frame a worker may send for a call whose result may take ``max_result_kb``;
+    the supervisor (or a hardened call's keeper) cuts off a worker that announces a larger one
+    before reading it."""
+    return max_result_kb * 1024 + REPLY_OVERHEAD
 
 
 class ChannelError(ValueError):
@@ -199,21 +197,22 @@ def template_message(obj: Any) -> TemplateMessage:
 @dataclass(frozen=True)
 class CallRequest(_Message):
     """Supervisor -> worker: run one call. ``seq`` numbers the request; the reply must carry it.
-    ``limits`` is a ``Limits`` dump when the call's limits differ from the executor's defaults."""
+    ``cpu_s`` is the call's CPU allowance when its own timeout makes it differ from the configured
+    one (``WorkerLimits.cpu_s``): the one limit a call changes."""
 
     OP: ClassVar[str] = "call"
     seq: int
     tool: str
     args: list[Any]
     kwargs: dict[str, Any]
-    limits: dict[str, Any] | None = None
+    cpu_s: int | None = None
 
     @classmethod
     def from_wire(cls, obj: Any) -> CallRequest:
         if not isinstance(obj, dict) or obj.get("op") != cls.OP:
             raise ChannelError("not a call request")
         return cls(seq=_field(obj, "seq", int), tool=_field(obj, "tool", str), args=_field(obj, "args", list),
-                   kwargs=_field(obj, "kwargs", dict), limits=_field(obj, "limits", (dict, type(None)), None))
+                   kwargs=_field(obj, "kwargs", dict), cpu_s=_field(obj, "cpu_s", (int, type(None)), None))
 
 
 @dataclass(frozen=True)

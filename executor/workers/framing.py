@@ -11,7 +11,7 @@ from typing import Any
 
 import msgpack
 
-from protocol.codec import unpack
+from protocol.values import unpack
 
 _HEADER = struct.Struct("!I")
 MAX_INTERNAL_FRAME = 128 * 1024 * 1024

@@ -1,12 +1,16 @@
-"""Applying a ``Limits`` value to a worker: the one place rlimits are set, and the table (``TABLE``)
-of every limit's mechanism and the code that applies it.
+"""Applying limits to a worker: the one place rlimits are set, the table (``TABLE``) of every
+limit's mechanism and the code that applies it, and ``WorkerLimits``, the limits as the far side of
+the fork holds them.
 
-Limits arrive as one ``protocol.Limits`` value, built from the command line defaults, a tool's own
-timeout and a call's own timeout, cut to the operator's ceiling (``--max-timeout``) whichever of
-them set it (``effective_limits``; the broker combines them with ``requested_timeout`` too). In the
-worker, per-process limits (open
-files, file size, core dumps) are set once at start, and per-call limits (CPU seconds, memory) before
-each call. The wall-clock timeout is not an rlimit: the supervisor enforces it by killing the worker.
+Limits are one ``protocol.Limits`` value, built from the command line defaults, a tool's own timeout
+and a call's own timeout, cut to the operator's ceiling (``--max-timeout``) whichever of them set it
+(``protocol.messages.effective_limits``). The template and its workers never see that pydantic
+model (every megabyte the template maps is copied by the kernel at each fork, and pydantic's
+machinery is about eight): the supervisor hands them ``WorkerLimits``, plain numbers, and a call
+only its CPU allowance, the one limit a call's own timeout changes. In the worker, per-process
+limits (open files, file size, core dumps) are set once at start, and per-call limits (CPU seconds,
+memory) before each call. The wall-clock timeout is not an rlimit: the supervisor enforces it by
+killing the worker.
 
 A fresh worker (the default: one call per worker) gets hard limits equal to the soft ones, so a
 tool cannot lift them without ``CAP_SYS_RESOURCE`` (root has it: as root, use the hardened profile,
@@ -21,12 +25,12 @@ malloc arenas and thread stacks and break threaded tools at sizes where they use
 
 from __future__ import annotations
 
-import math
 import resource
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
-from protocol import Call, Limits, ToolSpec
-from protocol.messages import MAX_TIMEOUT_S
+if TYPE_CHECKING:
+    from protocol import Limits
 
 _INF = resource.RLIM_INFINITY
 _RLIM_MAX = 2**63 - 1  # setrlimit refuses larger values (OverflowError), which would kill the worker
@@ -64,30 +68,36 @@ TABLE: dict[str, tuple[Mechanism, ...]] = {
 }
 
 
-def requested_timeout(default: float, spec: ToolSpec | None, call: Call | None) -> float:
-    """The timeout a call asks for (SPEC.md section 7): its own, else its tool's, else ``default``.
-    A timeout that is not a positive finite number (inf, nan, 0) overrides nothing: every call has a
-    deadline."""
-    timeout = default
-    if spec is not None and spec.timeout is not None and _usable(spec.timeout):
-        timeout = spec.timeout
-    if call is not None and call.timeout is not None and _usable(call.timeout):
-        timeout = call.timeout
-    return float(timeout)
+@dataclass(frozen=True)
+class WorkerLimits:
+    """What the template and its workers apply of a ``protocol.Limits``: ``cpu_s`` is the CPU
+    allowance of a call that asks for no timeout of its own (``Limits.effective_cpu_s``)."""
 
+    cpu_s: int
+    memory_mb: int
+    processes: int
+    open_files: int
+    file_size_mb: int
+    max_result_kb: int
 
-def effective_limits(defaults: Limits, spec: ToolSpec | None, call: Call | None,
-                     max_timeout: float = MAX_TIMEOUT_S) -> Limits:
-    """Command-line defaults, overridden by the tool's timeout, overridden by the call's timeout; the
-    timeout at most ``max_timeout`` (``--max-timeout``: a ceiling, not a default), whoever asked."""
-    timeout = min(requested_timeout(defaults.timeout_s, spec, call), max_timeout)
-    if timeout == defaults.timeout_s:
-        return defaults
-    return defaults.model_copy(update={"timeout_s": timeout})
+    @classmethod
+    def of(cls, limits: Limits) -> WorkerLimits:
+        return cls(cpu_s=limits.effective_cpu_s(), memory_mb=limits.memory_mb, processes=limits.processes,
+                   open_files=limits.open_files, file_size_mb=limits.file_size_mb, max_result_kb=limits.max_result_kb)
 
+    def to_wire(self) -> dict[str, int]:
+        return asdict(self)
 
-def _usable(timeout: float) -> bool:
-    return math.isfinite(timeout) and timeout > 0
+    @classmethod
+    def from_wire(cls, obj: Any) -> WorkerLimits:
+        """From our own supervisor's ``Configure`` (a template's first message, before any tool code
+        runs); a field that is not a positive int is a ``ValueError``."""
+        names = cls.__dataclass_fields__
+        if not isinstance(obj, dict) or set(obj) != set(names):
+            raise ValueError(f"limits must be a map of exactly {', '.join(names)}")
+        if not all(type(v) is int and v > 0 for v in obj.values()):
+            raise ValueError("every limit must be a positive integer")
+        return cls(**obj)
 
 
 def _set(which: int, value: int, hard: bool, slack: int = 0) -> None:
@@ -105,17 +115,17 @@ def _set(which: int, value: int, hard: bool, slack: int = 0) -> None:
     resource.setrlimit(which, (value, new_hard))
 
 
-def apply_process_limits(limits: Limits, hard: bool = True) -> None:
+def apply_process_limits(limits: WorkerLimits, hard: bool = True) -> None:
     """Once per worker: core dumps off, open files, file size."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     _set(resource.RLIMIT_NOFILE, limits.open_files, hard)
     _set(resource.RLIMIT_FSIZE, limits.file_size_mb * 1024 * 1024, hard)
 
 
-def apply_call_limits(limits: Limits, hard: bool = True) -> None:
-    """Before a call: CPU seconds (counted from now; a reused worker's CPU time accumulates across
-    calls, so the soft limit is the time used so far plus this call's allowance) and memory."""
+def apply_call_limits(limits: WorkerLimits, cpu_s: int, hard: bool = True) -> None:
+    """Before a call: ``cpu_s`` CPU seconds (counted from now; a reused worker's CPU time accumulates
+    across calls, so the soft limit is the time used so far plus this call's allowance) and memory."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     used = int(usage.ru_utime + usage.ru_stime + 0.999)
-    _set(resource.RLIMIT_CPU, used + limits.effective_cpu_s(), hard, slack=1)
+    _set(resource.RLIMIT_CPU, used + cpu_s, hard, slack=1)
     _set(resource.RLIMIT_DATA, limits.memory_mb * 1024 * 1024, hard)

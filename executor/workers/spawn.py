@@ -1,17 +1,15 @@
-"""Starting the template process: forked early and kept small, or a fresh interpreter.
+"""Starting the template process: always a new interpreter (``executor.workers.template``).
 
 Every fresh worker is a fork of the template, and a fork costs in proportion to the memory the
 template has mapped: the kernel copies its page tables at the fork, tears them down at the worker's
-exit, and the worker takes a copy-on-write fault for each page it writes. So the first template is
-forked by ``ciayn-executor serve`` *before* the supervisor imports ZeroMQ, asyncio, ssl and the rest
-of what only the supervisor uses (``early_template``): about 5 MB less to copy for every call, a
-fifth of the template's private memory. It waits for its ``Configure`` (sent by ``WorkerPool``
-once the supervisor is ready to serve) before it reads a tool module. A template that replaces a
-dead one is a new interpreter (``executor.workers.template``), never a fork of the supervisor as it is by
-then: its memory holds other clients' calls and results and its keys.
-
-This module imports nothing of the supervisor's (no ZeroMQ): importing it must not grow the
-template it forks.
+exit, and the worker takes a copy-on-write fault for each page it writes. A template forked from
+the supervisor would map all the supervisor had imported (pydantic's machinery alone is about 8 MB:
+measured, the fork+exit+wait of a process that imported ``protocol`` costs 2.5 times that of one
+that did not) and what its memory holds (other clients' calls and results, its keys). A new
+interpreter maps only what the far side of the fork imports (``executor.workers``, which never
+imports pydantic: ``tests/test_import_isolation.py``) and the tool modules. ``serve`` starts the
+first one before it opens its endpoint, so that the two start-ups overlap; it waits for its
+``Configure`` before it reads a tool module.
 """
 
 from __future__ import annotations
@@ -23,20 +21,15 @@ import socket
 import sys
 from typing import NoReturn
 
-from executor.workers import confinement, framing, pidns, procfs
-from executor.workers.channel import ChannelError, Configure, Isolated, LoadFailed
+from executor.workers import framing, pidns, procfs
+from executor.workers.channel import Isolated, LoadFailed
 from executor.workers.privacy import (
     CAP_SYS_PTRACE,
     CAP_SYS_RESOURCE,
     HOST_ADMIN_CAPS,
     drop_capabilities,
-    not_dumpable,
-    scrub_initial_environment,
 )
 from executor.workers.processes import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, close_fds_except, prctl
-from executor.workers.worker import WorkerConfig, template_main
-
-CONFIGURE_WAIT = 120.0  # seconds an early template waits for its Configure (the supervisor's start-up)
 
 
 def enter_workspace(workspace: str | None) -> None:
@@ -53,21 +46,9 @@ def enter_workspace(workspace: str | None) -> None:
     sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != here]
 
 
-def early_template(workspace: str | None) -> tuple[int, socket.socket]:
-    """In ``ciayn-executor serve``, before the supervisor's own modules are imported: fork the
-    template, which waits for its ``Configure``; returns its pid and our end of its channel. The
-    process is first put in the state the template must inherit (workspace, not dumpable, the
-    initial environment strings overwritten), which ``Supervisor.serve`` keeps."""
-    enter_workspace(workspace)
-    not_dumpable()
-    scrub_initial_environment()
-    return fork_template()
-
-
-def fork_template(fresh: bool = False, confined: bool = False) -> tuple[int, socket.socket]:
+def fork_template(confined: bool = False) -> tuple[int, socket.socket]:
     """Fork the template: PID 1 of a namespace of its own where the machine allows it
-    (``executor.workers.pidns``). ``fresh``: it becomes a new interpreter (``executor.workers.template``); else it
-    goes on in this process's memory (which must have no ZeroMQ context). It first reports its
+    (``executor.workers.pidns``), then a new interpreter (``executor.workers.template``). It first reports its
     namespace (``Isolated``, or ``LoadFailed`` with ``pidns.FAILED``), then waits for its
     ``Configure``, imports the tools and reports ``ToolsLoaded`` (or ``LoadFailed``). This process
     becomes a subreaper, so whatever a dead template leaves comes back to us to be killed, never to
@@ -85,29 +66,9 @@ def fork_template(fresh: bool = False, confined: bool = False) -> tuple[int, soc
     if pid == 0:
         ours.close()
         _template_namespace(isolated, theirs, supervisor)
-        if fresh:
-            _exec_template(theirs, supervisor, confined)
-        template_main(theirs, _configured(theirs))
+        _exec_template(theirs, supervisor, confined)
     theirs.close()
     return pid, ours
-
-
-def _configured(chan: socket.socket) -> WorkerConfig:
-    """In an early template: wait for the supervisor's ``Configure`` and take its ``sys.path``. A
-    supervisor that could not start closes the channel: then exit quietly, having read no tool."""
-    chan.settimeout(CONFIGURE_WAIT)
-    try:
-        config = Configure.from_wire(framing.recv(chan))
-    except EOFError:
-        os._exit(0)
-    except (OSError, framing.FrameError, ChannelError) as e:
-        print(f"ciayn-executor: template: no configuration from the supervisor ({e})", file=sys.stderr)
-        os._exit(1)
-    chan.settimeout(None)
-    if config.sys_path:
-        sys.path[:] = config.sys_path
-    confined = confinement.from_wire(config.confinement) if config.confinement is not None else None
-    return WorkerConfig.from_wire(config.worker, confined)
 
 
 def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) -> None:

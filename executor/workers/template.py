@@ -1,11 +1,10 @@
-"""Entry of a template started afresh: ``python -P -m executor.workers.template CHANNEL_FD SUPERVISOR_PID``.
+"""Entry of the template: ``python -P -m executor.workers.template CHANNEL_FD SUPERVISOR_PID``.
 
-The first template is forked from the supervisor before it has read a key or a call. A template
-that replaces a dead or wedged one is not: by then the supervisor's memory holds other clients'
-calls and results (freed, not overwritten) and its CurveZMQ keys, and every worker forked from a
-fork of it could read them in its own address space. So the supervisor forks only to exec this
-module: a new interpreter whose memory never held any of it. It reads its configuration
-(``Configure``) from the channel and goes on as the first template did (``template_main``).
+Every template is a new interpreter (``executor.workers.spawn``): its memory never held the
+supervisor's modules, keys or other clients' calls and results, which every worker forked from it
+would otherwise map. It reads its configuration (``Configure``) from the channel and goes on in
+``template_main``. A supervisor whose start was refused before it configured us closes the channel:
+then it exits quietly, having read no tool module.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from executor.workers.privacy import not_dumpable, scrub_initial_environment
 from executor.workers.processes import PR_SET_PDEATHSIG, prctl
 from executor.workers.worker import WorkerConfig, template_main
 
-CONFIGURE_TIMEOUT = 10.0  # seconds to wait for the supervisor's Configure (it sends it right after the fork)
+CONFIGURE_TIMEOUT = 120.0  # seconds to wait for the supervisor's Configure (the first: while the supervisor starts)
 
 
 def main(argv: list[str]) -> None:
@@ -36,12 +35,14 @@ def main(argv: list[str]) -> None:
     chan.settimeout(CONFIGURE_TIMEOUT)
     try:
         config = Configure.from_wire(framing.recv(chan))
-    except (EOFError, OSError, framing.FrameError, ChannelError) as e:
+    except EOFError:
+        os._exit(0)
+    except (OSError, framing.FrameError, ChannelError) as e:
         print(f"ciayn-executor: template: no configuration from the supervisor ({e})", file=sys.stderr)
         os._exit(1)
     chan.settimeout(None)
     if config.sys_path:
-        sys.path[:] = config.sys_path  # the first template's, for the tools it imports
+        sys.path[:] = config.sys_path  # the supervisor's, for the tools it imports
     logging.basicConfig(stream=sys.stderr, level=config.log_level,
                         format=f"%(asctime)s ciayn-executor[{supervisor}] template %(levelname)s %(message)s")
     confined = confinement.from_wire(config.confinement) if config.confinement is not None else None

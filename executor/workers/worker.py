@@ -42,7 +42,7 @@ from typing import Any
 import msgpack
 
 from executor import signals
-from executor.registry import RegistryError, Tool, load_tools
+from executor.registry import RegistryError, Tool, describe, find_tools
 from executor.workers import framing, procfs, quickfork
 from executor.workers.cgroups import CgroupSupport, Group
 from executor.workers.channel import (
@@ -61,7 +61,7 @@ from executor.workers.channel import (
     template_message,
 )
 from executor.workers.confinement import Confinement
-from executor.workers.limits import apply_call_limits, apply_process_limits
+from executor.workers.limits import WorkerLimits, apply_call_limits, apply_process_limits
 from executor.workers.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, HOST_ADMIN_CAPS, drop_capabilities
 from executor.workers.processes import (
     KILL_WAIT,
@@ -73,8 +73,8 @@ from executor.workers.processes import (
     kill_children,
     prctl,
 )
-from protocol import BindError, Limits, ToolSpec, ValueRefused, check_value
 from protocol.environment import allowed_environment
+from protocol.values import ValueRefused, check_value
 
 MAX_TRACEBACK_CHARS = 4000
 MAX_MESSAGE_CHARS = 4000
@@ -90,7 +90,7 @@ class WorkerConfig:
     to the first, forked, template; as a ``Configure`` message to one started afresh)."""
 
     targets: list[str]
-    limits: Limits
+    limits: WorkerLimits
     name: str = "x"  # the executor's id: names the per-worker control groups
     use_cgroups: bool = True
     reuse: bool = False  # --reuse-workers: a worker runs many calls (trusted tools only)
@@ -98,12 +98,12 @@ class WorkerConfig:
     confinement: Confinement | None = None  # --profile hardened (travels in ``Configure``, not ``to_wire``)
 
     def to_wire(self) -> dict[str, Any]:
-        return {"targets": list(self.targets), "limits": self.limits.model_dump(), "name": self.name,
+        return {"targets": list(self.targets), "limits": self.limits.to_wire(), "name": self.name,
                 "use_cgroups": self.use_cgroups, "reuse": self.reuse, "pass_env": list(self.pass_env)}
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any], confinement: Confinement | None = None) -> WorkerConfig:
-        return cls(targets=[str(t) for t in obj["targets"]], limits=Limits.model_validate(obj["limits"]),
+        return cls(targets=[str(t) for t in obj["targets"]], limits=WorkerLimits.from_wire(obj["limits"]),
                    name=str(obj["name"]), use_cgroups=bool(obj["use_cgroups"]), reuse=bool(obj["reuse"]),
                    pass_env=[str(n) for n in obj["pass_env"]], confinement=confinement)
 
@@ -134,16 +134,16 @@ def template_main(chan: socket.socket, config: WorkerConfig) -> None:
             drop_capabilities(CAP_SYS_PTRACE, CAP_SYS_RESOURCE, *HOST_ADMIN_CAPS.values())
         quickfork.watch_hooks()
         try:
-            tools = load_tools(config.targets)
+            tools = find_tools(config.targets)
         except RegistryError as e:
             framing.send(chan, LoadFailed(message=str(e)).to_wire())
+            os._exit(3)
+        if not _describe(chan, tools, pool.cgroups.describe() if pool.cgroups else ""):
             os._exit(3)
         _std_files()
         if not config.reuse:
             rehearse()  # once here too: what it needs is made before any worker is forked
         gc.freeze()  # a worker's garbage collections never walk (and so copy) the template's objects
-        framing.send(chan, ToolsLoaded(specs=[t.spec.model_dump() for t in tools.values()],
-                                       cgroups=pool.cgroups.describe() if pool.cgroups else "").to_wire())
         _template_loop(chan, tools, pool)
     except BaseException:
         traceback.print_exc()
@@ -154,6 +154,27 @@ def template_main(chan: socket.socket, config: WorkerConfig) -> None:
     with contextlib.suppress(BaseException):
         pool.remove_all(wait=SHUTDOWN_WAIT)
     os._exit(code)
+
+
+def _describe(chan: socket.socket, tools: dict[str, Tool], cgroups: str) -> bool:
+    """Send the supervisor the tools' specs (``ToolsLoaded``), or why they cannot be served
+    (``LoadFailed``); whether they can. The specs are built by reflection with pydantic, in a child
+    that exits once it has sent them: the template never maps pydantic, so no fork copies it."""
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            specs = [describe(t).model_dump() for t in tools.values()]
+            framing.send(chan, ToolsLoaded(specs=specs, cgroups=cgroups).to_wire())
+        except RegistryError as e:
+            framing.send(chan, LoadFailed(message=str(e)).to_wire())
+            code = 3
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 class _Workers:
@@ -369,13 +390,12 @@ def worker_loop(chan: socket.socket, tools: dict[str, Tool], config: WorkerConfi
             return
         if template and (os.getppid() != template or procfs.dying(template)):
             return
-        limits = _call_limits(req, config.limits)
         try:
             chan.sendall(_started(req.seq))
         except OSError:
             return
-        reply, replace = run_call(req, tools, limits, hard=not config.reuse)
-        data = _pack_reply(reply, reply_cap(limits))
+        reply, replace = run_call(req, tools, config.limits, hard=not config.reuse)
+        data = _pack_reply(reply, reply_cap(config.limits.max_result_kb))
         try:
             chan.sendall(data)
         except OSError:
@@ -424,10 +444,6 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f"... [cut: {len(text)} characters in all]"
 
 
-def _call_limits(req: CallRequest, defaults: Limits) -> Limits:
-    return Limits.model_validate(req.limits) if req.limits else defaults
-
-
 def _utf8_safe(obj: Any) -> Any:
     """``obj`` with every string made encodable as UTF-8 (undecodable bytes shown as \\x.. escapes)."""
     if isinstance(obj, str):
@@ -466,6 +482,7 @@ def _rehearsal() -> None:
 
 
 _REHEARSAL: dict[str, Tool] = {}  # made by the template, once, before it forks workers
+_REHEARSAL_LIMITS = WorkerLimits(cpu_s=1, memory_mb=1, processes=1, open_files=1, file_size_mb=1, max_result_kb=1)
 
 
 def rehearse() -> None:
@@ -475,14 +492,13 @@ def rehearse() -> None:
     down this path took about 170 copy-on-write faults, 0.7 ms of a no-op call on a 2-core VM. Here
     they are taken ahead, off the call's time. Nothing of it is sent and no limit is set."""
     if not _REHEARSAL:
-        _REHEARSAL["_rehearsal"] = Tool(spec=ToolSpec.from_function(_rehearsal, name="_rehearsal"), fn=_rehearsal,
-                                        module=__name__)
+        _REHEARSAL["_rehearsal"] = Tool(name="_rehearsal", fn=_rehearsal, module=__name__)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        framing.send(ours, CallRequest(seq=0, tool="_rehearsal", args=[], kwargs={}, limits=None).to_wire())
+        framing.send(ours, CallRequest(seq=0, tool="_rehearsal", args=[], kwargs={}).to_wire())
         req = CallRequest.from_wire(framing.recv(theirs))
         theirs.sendall(_started(req.seq))
-        reply, _ = run_call(req, _REHEARSAL, Limits(), apply_limits=False)
+        reply, _ = run_call(req, _REHEARSAL, _REHEARSAL_LIMITS, apply_limits=False)
         theirs.sendall(_pack_reply(reply, REPLY_OVERHEAD))
     finally:
         ours.close()
@@ -490,22 +506,19 @@ def rehearse() -> None:
     signals.drain()
 
 
-def run_call(req: CallRequest, tools: dict[str, Tool], limits: Limits, hard: bool = True,
+def run_call(req: CallRequest, tools: dict[str, Tool], limits: WorkerLimits, hard: bool = True,
              apply_limits: bool = True) -> tuple[Reply, bool]:
-    """Run one call under ``limits``; return the reply for the supervisor and whether this worker must
-    be replaced. ``hard``: the limits are set as hard limits too (a fresh worker: the tool cannot
-    lift them). ``apply_limits`` is off only for a rehearsal."""
+    """Run one call under ``limits`` (its CPU allowance ``req.cpu_s`` where it has its own); return
+    the reply for the supervisor and whether this worker must be replaced. ``hard``: the limits are
+    set as hard limits too (a fresh worker: the tool cannot lift them). ``apply_limits`` is off only
+    for a rehearsal. The supervisor checked the tool and bound its arguments (names and types)."""
     t = tools.get(req.tool)
     signals.drain()
     replace = False
     if t is None:  # the supervisor checks first; this is a second line
         return Reply.failure(req.seq, "unknown_tool", f"no tool named {req.tool!r}"), False
-    try:
-        t.spec.bind(req.args, req.kwargs)
-    except BindError as e:
-        return Reply.failure(req.seq, "bad_arguments", str(e)), False
     if apply_limits:
-        apply_call_limits(limits, hard=hard)
+        apply_call_limits(limits, req.cpu_s or limits.cpu_s, hard=hard)
         _reset_peak_rss()
     wall0, cpu0 = time.perf_counter(), _cpu()
     try:
@@ -577,7 +590,7 @@ def _safe_str(e: BaseException) -> str:
     return _cut(text, MAX_MESSAGE_CHARS) if isinstance(text, str) else "?"
 
 
-def _encode_value(seq: int, value: Any, limits: Limits) -> Reply:
+def _encode_value(seq: int, value: Any, limits: WorkerLimits) -> Reply:
     cap = limits.max_result_kb * 1024
     if isinstance(value, str | bytes) and len(value) > cap:  # before packing a copy of something huge
         return Reply.failure(seq, "output_limit", f"the result is {len(value)} characters, over the {cap}-byte limit")
