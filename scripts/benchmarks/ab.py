@@ -2,6 +2,7 @@
 
     git worktree add /tmp/before HEAD~1
     .venv/bin/python -m scripts.benchmarks.ab /tmp/before [--reuse-workers] [--rounds N] [--calls N]
+    .venv/bin/python -m scripts.benchmarks.ab . --after-flags=--no-cgroups   what a flag costs, this tree
 
 (from this tree's root). Starts one executor from each tree (``PYTHONPATH`` names the tree, and the
 executors start in an empty directory: ``python -m`` would put their working directory first on
@@ -59,8 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--calls", type=int, default=60, help="calls per round and mode")
+    parser.add_argument("--before-flags", default="", help="more serve flags for the 'before' executor")
+    parser.add_argument("--after-flags", default="", help="more serve flags for the 'after' executor")
     args = parser.parse_args(argv)
     extra = ["--reuse-workers"] if args.reuse_workers else []
+    flags = {"before": args.before_flags.split(), "after": args.after_flags.split()}
     trees = {"before": args.before.resolve(), "after": ROOT}
     if not (trees["before"] / "executor").is_dir():
         parser.error(f"{args.before} is not a checkout of this project (it has no executor/)")
@@ -69,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         running: dict[str, Running] = {}
         for name, tree in trees.items():
             with _tree(tree):
-                running[name] = stack.enter_context(direct(args.workers, extra=extra, log_level="warning"))
+                running[name] = stack.enter_context(direct(args.workers, extra=extra + flags[name],
+                                                           log_level="warning"))
         calls = {name: ClientCalls(r.client, name) for name, r in running.items()}
         meters = {name: CpuMeter(r) for name, r in running.items()}
         b2b: dict[str, list[float]] = {name: [] for name in trees}
