@@ -1,8 +1,9 @@
 """The fork floor of the template (``python -m scripts.benchmarks.forkfloor TOOL_MODULE``, from the
-project root; ``weight.ForkFloor`` runs it as its peer): a process that imports
-what the executor's template imports (``executor.workers.worker`` and the tool module, loaded the way the
-template loads it) and then forks children that exit at once, as the template forks workers
-(``executor.workers.quickfork.fork``, the bare ``fork()`` where that is safe).
+project root; ``weight.ForkFloor`` runs it as its peer): a process that imports what the executor's
+template imports (its entry, ``executor.workers.template``, and the tool module, found the way the
+template finds it: ``find_tools``, which describes nothing, so no pydantic) and then forks children
+that exit at once, as the template forks workers (``executor.workers.quickfork.fork``, the bare
+``fork()`` where that is safe).
 
 Reads a count per line on stdin and answers one JSON line: each cycle's wall time (fork, the child's
 ``_exit``, the parent's ``waitpid``) and the CPU all of it took in both processes (the parent's own
@@ -18,9 +19,9 @@ import resource
 import sys
 import time
 
-from executor.registry import load_tools
+import executor.workers.template  # noqa: F401  (what the template has imported)
+from executor.registry import find_tools
 from executor.workers import quickfork
-from executor.workers.worker import worker_loop  # noqa: F401  (what the template has imported)
 
 
 def private_kb(pid: int | str = "self") -> int:
@@ -50,7 +51,7 @@ def cycles(n: int) -> dict[str, object]:
 
 def main(tool_module: str) -> int:
     quickfork.watch_hooks()
-    load_tools([tool_module])
+    find_tools([tool_module])
     print("ready", flush=True)
     for line in sys.stdin:
         print(json.dumps(cycles(int(line))), flush=True)
