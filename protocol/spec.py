@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import operator
+import reprlib
 import warnings
 from collections.abc import Callable
 from typing import Any, Literal
@@ -193,11 +194,8 @@ class ToolSpec(BaseModel):
                 problem = check.problem(properties[p.name], bound[p.name])
                 if problem is not None:
                     where, what, value = problem
-                    shown = repr(value)
-                    if len(shown) > MAX_SHOWN_VALUE_CHARS:
-                        shown = shown[: MAX_SHOWN_VALUE_CHARS - 3] + "..."
-                    path = "".join(f"[{part!r}]" for part in where)
-                    raise BindError(f"{self.name}() argument {p.name!r}{path}: {what}, got {shown}")
+                    path = "".join(f"[{_shown(part)}]" for part in where[:MAX_SCHEMA_DEPTH])
+                    raise BindError(f"{self.name}() argument {p.name!r}{path}: {what}, got {_shown(value)}")
 
     def defaults(self) -> dict[str, Any]:
         """The default value of each optional named parameter, as the JSON Schema records it."""
@@ -340,6 +338,7 @@ _NULL = {"type": "null"}
 _Problem = tuple[tuple[Any, ...], str, Any]  # where in the value, what is wrong, the bad part
 SCHEMA_CHECK_STEPS = 100_000  # schema nodes visited per call at most; past it the rest goes unchecked
 SCHEMA_REF_CHAIN = 32  # $refs followed in a row without going into the value
+SCHEMA_CHECK_DEPTH = 256  # schema nodes nested in one check (anyOf, $ref, items...): far below Python's recursion limit
 
 
 class _SchemaCheck:
@@ -349,19 +348,28 @@ class _SchemaCheck:
     ``$defs``, ``properties``/``required``/``additionalProperties``, ``items``/``prefixItems``/
     ``minItems``/``maxItems``, numeric bounds and string lengths. Everything else (``pattern``,
     ``format``) is not checked: a pattern would run a tool module's regular expression in the
-    supervisor. Work is bounded (``SCHEMA_CHECK_STEPS``): a schema that needs more leaves the rest
-    unchecked, as an annotation pydantic cannot map always did."""
+    supervisor. Work and nesting are bounded (``SCHEMA_CHECK_STEPS``, ``SCHEMA_CHECK_DEPTH``): a
+    schema that needs more leaves the rest unchecked, as an annotation pydantic cannot map always
+    did."""
 
     def __init__(self, root: dict[str, Any]) -> None:
         defs = root.get("$defs")
         self.defs: dict[str, Any] = defs if isinstance(defs, dict) else {}
         self.steps = SCHEMA_CHECK_STEPS
+        self.depth = 0
 
     def problem(self, schema: Any, value: Any, refs: int = 0) -> _Problem | None:
         """What is wrong with ``value`` (``_Problem``), or None when it passes (or goes unchecked)."""
         self.steps -= 1
-        if self.steps < 0 or not isinstance(schema, dict):
+        if self.steps < 0 or self.depth >= SCHEMA_CHECK_DEPTH or not isinstance(schema, dict):
             return None
+        self.depth += 1
+        try:
+            return self._check(schema, value, refs)
+        finally:
+            self.depth -= 1
+
+    def _check(self, schema: dict[str, Any], value: Any, refs: int) -> _Problem | None:
         ref = schema.get("$ref")
         if isinstance(ref, str):
             target = self.defs.get(ref.removeprefix("#/$defs/")) if ref.startswith("#/$defs/") else None
@@ -440,6 +448,17 @@ class _SchemaCheck:
             if found is not None:
                 return (key, *found[0]), found[1], found[2]
         return None
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = MAX_SHOWN_VALUE_CHARS
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` in at most ``MAX_SHOWN_VALUE_CHARS``, without building the whole of it first
+    (an argument may be megabytes)."""
+    shown = _REPR.repr(value)
+    return shown if len(shown) <= MAX_SHOWN_VALUE_CHARS else shown[: MAX_SHOWN_VALUE_CHARS - 3] + "..."
 
 
 def _is(name: str, value: Any) -> bool:

@@ -116,3 +116,27 @@ def test_a_spec_built_where_the_function_is_checks_with_pydantic() -> None:
         LOCAL.bind([], {"name": "a", "count": "3"})
     assert WIRE.bind([], {"name": "a", "count": "3"}) == {"name": "a", "count": "3"}  # names only
     assert SCHEMA_CHECK_STEPS >= 10_000
+
+
+def test_a_schema_nested_past_the_recursion_limit_is_cut_off_not_a_crash() -> None:
+    """A ``$ref`` chain through ``anyOf`` at every level of a value 60 deep would nest Python calls
+    past the interpreter's limit (a ``RecursionError`` in the supervisor's loop): the check stops
+    going deeper at ``SCHEMA_CHECK_DEPTH`` and lets the rest through."""
+    defs = {f"D{i}": {"anyOf": [{"$ref": f"#/$defs/D{i + 1}"}, {"type": "array", "items": {"$ref": "#/$defs/D0"}}]}
+            for i in range(31)}
+    defs["D31"] = {"type": "array", "items": {"$ref": "#/$defs/D0"}}
+    spec = _wire_spec({"$ref": "#/$defs/D0", "$defs": defs})
+    value: Any = "deep"
+    for _ in range(60):
+        value = [value]
+    spec.check_arguments({"value": value})
+
+
+def test_a_huge_bad_value_is_shown_in_a_few_characters() -> None:
+    big = "x" * 50_000_000
+    with pytest.raises(BindError) as refused:
+        WIRE.check_arguments({"name": "a", "count": big})
+    assert len(str(refused.value)) < 200 and "xxx" in str(refused.value)
+    with pytest.raises(BindError) as refused:
+        WIRE.check_arguments({"name": "a", "scores": {big: "1"}})
+    assert len(str(refused.value)) < 300
