@@ -1,22 +1,10 @@
-"""The call table: every call an executor has accepted, from arrival to answer, and the ids it ran.
-
-It owns the at-most-once rule (SPEC.md section 8). Every id accepted to run enters the executed-id set
-(ids only, with a digest of the call's tool, arguments and timeout; bounded by count and age), which
-is kept apart from the cache of results (bounded in bytes, fair per client), so a resend is never run
-again even after its result was evicted: it is answered from the cache, joins the call still queued
-or running, or is told the call ran and its result is gone. A resend whose body differs is refused.
-Refusals (unknown tool, bad arguments, a full queue) never enter either, so they evict nothing and a
-corrected call may reuse its id.
-
-The memory behind that rule, apart from the calls in flight, is ``AtMostOnce``: the broker keeps
-one too, so that its duplicate handling is the executor's (``executor.broker.answers``), and its
-job record uses this ``Job``'s names for the same things (``executor.broker.records``).
-
-It also owns the queue of calls waiting for a worker, bounded in calls, in encoded bytes and in wait:
-a call's timeout counts from its arrival, so one still queued when it runs out (or after
-``max_wait``) is answered ``unavailable`` without running, and one that starts late gets what is left
-of its timeout. It knows nothing of sockets or workers: the supervisor feeds it calls and finished
-results, and the worker pool takes queued calls out.
+"""The call table (``CallTable``): every call an executor has accepted, from arrival to answer, and
+the ids it ran. It owns the at-most-once rule (SPEC.md section 8): an id accepted to run is never run
+again, even after its result was evicted; a resend is answered from the cache, joins the call, or is
+told it ran, and one whose body differs is refused (``AtMostOnce``, which the broker reuses). A
+refusal enters nothing. It owns the queue of calls waiting for a worker, bounded in calls, bytes and
+wait; a call's timeout counts from its arrival. It knows nothing of sockets or workers.
+Why and how: docs/executor.md#the-call-table.
 """
 
 from __future__ import annotations

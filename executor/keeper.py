@@ -1,23 +1,10 @@
-"""The template keeper: starts the template process, replaces it when it dies, backs off when a
-replacement cannot start, and stops it. One small state machine, driven by the supervisor's loop
-through the worker pool (``executor.pool``), which owns the workers the template forks.
-
-States (``Phase``) and what moves between them:
-
-- ``HELD``: the first template, started by ``serve`` while it opened its endpoint, waits for its
-  ``Configure`` (``hold``).
-- ``ISOLATING``: a template (held, or a new one: ``executor.workers.template``) was asked to start;
-  its first message says whether it is PID 1 of a namespace of its own (``NAMESPACE_WAIT``).
-- ``IMPORTING``: it was sent its ``Configure`` and imports the tool modules; their report is bounded
-  in bytes and decoding, and the whole import in time (``TEMPLATE_START_TIMEOUT``).
-- ``SERVING``: it reported the tools and forks workers on request.
-- ``BACKING_OFF``: a replacement could not start; the next try is due at ``restart_at``
-  (``RESTART_INITIAL``, doubling to ``RESTART_MAX``). The executor never gives up: calls queue
-  within their bounds.
-- ``STOPPED``: no template (before the first start, after a failed first start, at shutdown).
-
-The first start is waited for in ``start`` (with the signals that may end it); every replacement is
-waited for by the event loop (``step``/``tick``), which goes on answering clients meanwhile.
+"""The template keeper (``TemplateKeeper``): starts the template process, replaces it when it dies,
+backs off when a replacement cannot start, and stops it. One small state machine (``Phase``), driven
+by the supervisor's loop through the worker pool (``executor.pool``), which owns the workers. It
+bounds every start in time and bytes, lets only the template's first message turn PID namespaces
+off, and never gives up on a replacement: calls queue within their bounds meanwhile. The first start
+is waited for in ``start``; a replacement by the event loop (``step``/``tick``).
+Why and how: docs/executor.md#the-template-keeper.
 """
 
 from __future__ import annotations

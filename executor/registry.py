@@ -1,19 +1,10 @@
-"""Tool modules -> a registry of named tools, and their specs.
-
-A tool is a plain function marked with ``@executor.tool(...)``, or a public function listed in its
-module's ``__all__``. ``--tools`` names a dotted module or a path to a ``.py`` file.
-
-Two steps, because the template (``executor.workers.worker``) must stay small: ``find_tools``
-imports the modules and finds the tools, in plain Python; ``describe`` builds each tool's
-``ToolSpec`` by reflection, which needs pydantic (about 8 MB that every fork would copy), so the
-template runs it in a child that exits afterwards. ``load_tools`` does both, in this process.
-
-Describing checks each definition: every annotation must resolve (``b: itn`` under ``from
-__future__ import annotations`` is refused, naming the tool and the parameter); argument values are
-later checked against the annotations (``ToolSpec.check_arguments``, by the supervisor: a wrong type
-is ``bad_arguments`` naming the parameter). A tool without a docstring is loaded with a warning in
-the executor's log: the model then sees only its signature, which works for a self-explanatory tool
-but is usually a mistake.
+"""Tool modules -> a registry of named tools, and their specs. A tool is a function marked with
+``@executor.tool(...)`` or listed in its module's ``__all__``; ``--tools`` names a dotted module or a
+``.py`` file. ``find_tools`` imports the modules and finds the tools in plain Python (the template
+runs it); ``describe`` builds each ``ToolSpec`` by reflection, which imports pydantic, so the
+template runs it in a child that exits; ``load_tools`` does both here. A tool whose annotations do
+not resolve is refused (``RegistryError``, naming the tool and the parameter); one without a
+docstring loads with a warning. Why and how: docs/executor.md#the-registry.
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
-"""The executor's side facing clients, in a pool: a link to a broker (``serve --connect BACKEND``).
-
-The second implementation of ``executor.clientside.base.ClientSide``: instead of binding a ROUTER for
-clients, the executor connects a DEALER to a broker's backend and serves the calls the broker routes
-to it. The supervisor cannot tell the difference, except that the link needs ``tick`` for its timers.
-
-The link is the Paranoid Pirate worker of the ZeroMQ guide, with the timing of ``protocol.timing``:
-on every (re)connection it announces itself with ``ready`` (tools, limits, capacity, and the ids of
-the calls it holds, so that a restarted broker routes a resent call back here, where the call table
-answers it from its cache or joins the running call); it sends a heartbeat every
-``HEARTBEAT_INTERVAL``; when the broker has been silent for ``PEER_EXPIRY`` it drops the connection
-and connects again after a backoff that doubles per unanswered attempt. A broker that does not know
-this executor (it restarted) answers ``bye``, and the link announces itself again at once. A broker
-that *refuses* it (another executor serves a tool of the same name differently, or a live executor
-on another connection holds its id) does not make it stop: anyone who can reach the backend could
-announce such a conflict first. The link logs the broker's reason (at a bounded rate), stays quiet,
-and announces itself again after a wait that doubles per refusal (``REFUSED_RETRY_INITIAL`` up to
-``REFUSED_RETRY_MAX``); it joins once the conflict is gone.
-
-While the executor applies a call's workspace writes (hardened ``--workspace-rw``), ``applying``
-names that call, and the link tells the broker at once, in a heartbeat, and in every heartbeat after
-until the call is answered: the broker then waits its own apply grace for the answer instead of
-answering the call ``timeout`` itself. The link reads at most ``RECV_HWM`` messages ahead and hands
-ZeroMQ at most ``SEND_HWM`` (the rest wait in its bounded outbox), as the bound endpoint does, so a
-hostile broker cannot make the executor buffer much.
+"""The executor's side facing clients, in a pool: a link to a broker (``serve --connect BACKEND``),
+the second ``executor.clientside.base.ClientSide``. ``BrokerLink`` connects a DEALER to the broker's
+backend and serves the calls routed to it: it announces itself (``ready``) on every (re)connection,
+heartbeats, reconnects with backoff after ``PEER_EXPIRY`` of silence, and names the call it is
+``applying``, with the timing of ``protocol.timing``. A broker's refusal never makes it stop: it
+announces itself again, backing off. It reads at most ``RECV_HWM`` ahead and holds a bounded outbox,
+so a hostile broker cannot make the executor buffer much.
+Why and how: docs/executor.md#the-side-facing-a-broker.
 """
 
 from __future__ import annotations

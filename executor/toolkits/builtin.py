@@ -1,17 +1,10 @@
-"""The default toolkit: files in the workspace, and the two signals. Nothing else.
-
-    ciayn-executor serve --tools executor.toolkits.builtin --workspace DIR
-
-Every path is resolved beneath the workspace by the kernel (``openat2``, see
-``executor.toolkits.paths``): ``..``, absolute paths and symlinks that lead out are refused, and so
-is a directory swapped for a symlink while a call resolves a path. ``write_file`` refuses a file
-with more than one hard link (another name, perhaps outside, shares its content); ``read_file``
-reads one like any other file, see ``executor.toolkits.paths`` for why. ``read_file`` reads at most
-the file's size (and ``max_bytes``), in bounded chunks. A shell is not here: ``run_shell`` is full
-shell access as the executor's user and lives in ``executor.toolkits.shell``.
-
-Errors are ordinary exceptions whose messages are written for the model; the executor turns them
-into ``tool_error`` results. The docstrings are shown to the model verbatim, so they stay short.
+"""The default toolkit: files in the workspace (``read_file``, ``write_file``, ``list_dir``), and the
+two signals (``emit_note``, ``complete_task``). Nothing else: the shell is ``executor.toolkits.shell``.
+Every path is resolved beneath the workspace by the kernel (``executor.toolkits.paths``), so none
+leads out; ``write_file`` refuses a file with more than one hard link, and ``read_file`` reads at
+most what the file holds. Errors are ordinary exceptions whose messages are written for the model
+(``tool_error`` results). The tools' docstrings are shown to the model verbatim, so they stay short.
+Why and how: docs/executor.md#the-toolkits.
 """
 
 # No ``from __future__ import annotations`` here: the signature text shown to the model would read

@@ -1,36 +1,10 @@
 """Workspace file access that a path, a symlink or a rename race cannot lead out of the workspace.
-
-Every path a model gives is resolved by the kernel, relative to a descriptor of the workspace root
-opened when the call runs, with ``openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`` (Linux 5.6+,
-called through ctypes). The resolution is one walk that fails (``EXDEV``) at the first step that
-would leave the root: a ``..`` above it, an absolute path or symlink, a symlink anywhere in the path
-that points out. Because the kernel checks each step as it takes it, a parent directory exchanged
-for a symlink while a call resolves the path (``renameat2(RENAME_EXCHANGE)`` in a loop) gains
-nothing: the walk sees either the directory, which is inside, or the symlink, which it refuses.
-``/proc/self/fd/N``-style magic links are never followed.
-
-The rules a model sees:
-
-- A relative path is relative to the workspace. An absolute path is accepted when it names
-  something under the workspace root; its prefix is dropped and the rest resolved beneath the root.
-- Symlinks are followed while they stay inside. The kernel refuses an absolute symlink even when it
-  points inside; such a path is retried once, beneath the root again, with its ``realpath`` when
-  that lies inside (the retry is as confined as the first walk, so a swap in between gains nothing).
-- Missing parent directories (``make_parents``) are created one component at a time with
-  ``mkdirat`` in a directory descriptor that ``openat2`` resolved beneath the root.
-- Hard links are not paths: a workspace name can share its inode with a name outside. Writers must
-  refuse a file with more than one link (``write_file`` does), so a link planted to a file outside
-  is never written through. Reading such a file is allowed and is the same as reading any workspace
-  file: with ``fs.protected_hardlinks`` (the default) only the file's owner, someone who may read and
-  write it, or root can make the link, so whoever planted a link to ``/etc/shadow`` in the workspace
-  has chosen to show it to the workspace's readers.
-
-Where openat2 is missing (``ENOSYS``: a kernel before 5.6, or a seccomp filter that hides it; see
-``openat2_missing``) the fallback is the older check: ``confine`` resolves the path with
-``realpath`` and checks it lies inside, and the open refuses a symlink as the last component. That
-check loses the parent-directory swap race, so without openat2 the worker's OS confinement (the
-hardened profile) is the boundary. The built-in toolkit logs this once, when the template imports
-it. A filter applied after that probe (in a worker) that answers a call ENOSYS also means fallback.
+Every path a model gives is resolved by the kernel beneath a descriptor of the workspace root
+(``openat2`` with ``RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS``: ``open_beneath``, ``make_parents``): a
+step that would leave the root is refused, and magic links are never followed. Writers must refuse a
+file with more than one hard link. Where openat2 is missing (``openat2_missing``) the fallback is
+``confine``'s ``realpath`` check, which a directory swapped mid-call can beat: the hardened profile is
+then the boundary. Why and how: docs/executor.md#workspace-paths.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """``run_shell``: full shell access as the executor's user. Not confined to anything.
-
-    ciayn-executor serve --profile hardened --tools executor.toolkits.builtin --tools executor.toolkits.shell
-
-A command runs with ``/bin/sh`` in the workspace directory, but nothing keeps it there: it can read
-and write every file the executor's user can (``/etc/shadow`` when that user is root), signal its
-processes, use the network, and lift its own limits where the user may. The workspace confinement of
-``executor.toolkits.builtin`` does not apply. In the default profile that makes a model that picks
-the commands as powerful as the account the executor runs as; serve this module only under
-``--profile hardened`` (own namespaces, another uid, no capabilities, seccomp, a read-only root),
-where the worker's OS confinement is the boundary, or to tools and models you trust.
-
-What it does bound: the command's wall time (its own ``timeout`` argument, at most 300 s), the output
-kept (64 KB of each stream, head and tail), and its lifetime: the whole process group is killed when
-the shell exits or times out, so background processes do not outlive the call (and the executor's
-tree kill catches those that left the group).
+A command can read and write every file that user can, signal its processes and use the network;
+the workspace confinement of ``executor.toolkits.builtin`` does not apply. Serve this module only
+under ``--profile hardened``, where the worker's OS confinement is the boundary, or to tools and
+models you trust. It bounds only the command's wall time (at most ``SHELL_TIMEOUT_MAX``), the output
+kept (``SHELL_OUTPUT_CAP`` of each stream) and its lifetime: the whole process group is killed when
+the shell exits or times out. Why and how: docs/executor.md#the-toolkits.
 """
 
 # No ``from __future__ import annotations`` here: the signature text shown to the model would read

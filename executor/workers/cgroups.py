@@ -1,21 +1,10 @@
-"""Per-worker control groups, where the machine offers them (root, cgroup hierarchies mounted).
-
-Each worker gets its own groups, made by the template before it forks the worker and joined by
-the worker before it runs any tool:
-
-- **memory** (v1 ``memory.limit_in_bytes`` or v2 ``memory.max``): caps the whole process tree, which
-  ``RLIMIT_DATA`` cannot (it is per process, and does not count shared mappings). Over the limit
-  the kernel OOM-kills the worker; the template reads the group's OOM counter and reports it, so the
-  call is answered ``memory`` rather than ``crashed``.
-- **pids** (v1 or v2 ``pids.max``): caps the number of processes, even for root (``RLIMIT_NPROC``
-  does not bind root).
-- **kill** (v2 ``cgroup.kill``): kills every process in the group at once, daemons included, with
-  no race against a fork bomb.
-
-Groups are nested under the executor's own group in each hierarchy (so the machine's accounting
-still covers them) and removed when the worker is gone. On machines without cgroups (no root, no
-mounts) ``CgroupSupport.detect()`` returns None and the executor relies on rlimits plus the
-subreaper kill.
+"""Per-worker control groups, where the machine offers them (root, cgroup hierarchies mounted):
+memory (caps the whole process tree; an OOM kill is answered ``memory``), pids (caps the number of
+processes, even for root) and, on v2, kill (the whole group at once). The template makes a worker's
+groups before it forks it (``CgroupSupport.create``), the worker joins them before any tool code runs
+(``Group.join``), and they are removed when the worker is gone. Without cgroups
+``CgroupSupport.detect()`` returns None and the executor relies on rlimits and the subreaper kill.
+Why and how: docs/executor.md#control-groups.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
-"""Applying limits to a worker: the one place rlimits are set, the table (``TABLE``) of every
-limit's mechanism and the code that applies it, and ``WorkerLimits``, the limits as the far side of
-the fork holds them.
-
-Limits are one ``protocol.Limits`` value, built from the command line defaults, a tool's own timeout
-and a call's own timeout, cut to the operator's ceiling (``--max-timeout``) whichever of them set it
-(``protocol.messages.effective_limits``). The template and its workers never see that pydantic
-model (every megabyte the template maps is copied by the kernel at each fork, and pydantic's
-machinery is about eight): the supervisor hands them ``WorkerLimits``, plain numbers, and a call
-only its CPU allowance, the one limit a call's own timeout changes. In the worker, per-process
-limits (open files, file size, core dumps) are set once at start, and per-call limits (CPU seconds,
-memory) before each call. The wall-clock timeout is not an rlimit: the supervisor enforces it by
-killing the worker.
-
-A fresh worker (the default: one call per worker) gets hard limits equal to the soft ones, so a
-tool cannot lift them without ``CAP_SYS_RESOURCE`` (root has it: as root, use the hardened profile,
-which drops it). The CPU hard limit is one second above the soft one, so that going over is
-reported as ``SIGXCPU`` (a ``timeout``) and not as a bare ``SIGKILL``. A reused worker
-(``--reuse-workers``: trusted tools) keeps soft limits only, since its CPU allowance grows with
-every call and a hard limit can never be raised again.
-
-Memory uses ``RLIMIT_DATA`` rather than ``RLIMIT_AS``: address-space limits count glibc's 64 MiB
-malloc arenas and thread stacks and break threaded tools at sizes where they use little memory.
+"""Applying limits to a worker: the one place rlimits are set (``apply_process_limits`` once per
+worker, ``apply_call_limits`` before each call), ``WorkerLimits`` (the limits as plain numbers, as
+the far side of the fork holds them: never the pydantic ``protocol.Limits``) and ``TABLE``, every
+``Limits`` field with its mechanism and the code that applies it. A fresh worker's hard limits equal
+its soft ones (the CPU's one second above); a reused worker keeps soft limits only. The wall-clock
+timeout is not an rlimit: the supervisor kills the worker. Why and how: docs/executor.md#limits.
 """
 
 from __future__ import annotations
@@ -46,7 +29,7 @@ class Mechanism:
 
 
 # Every field of ``protocol.Limits`` -> how it is enforced -> where. Each ``where`` names code that
-# exists (tests/test_limits.py resolves them), and every field has a row. The defaults live only
+# exists (tests/test_limits_table.py resolves them), and every field has a row. The defaults live only
 # in ``protocol.Limits``.
 TABLE: dict[str, tuple[Mechanism, ...]] = {
     "timeout_s": (Mechanism("wall clock: the supervisor kills the worker at the call's deadline",

@@ -1,36 +1,11 @@
 """The template and its workers in a PID namespace of their own, in every profile where the machine
-allows it.
-
-The template is PID 1 of a new PID namespace, and every worker, and all a tool starts, is in it.
-From there a tool cannot address the supervisor, the controller or any other process of its user
-by pid: ``kill``, ``pidfd_open`` and ``kill(-1)`` resolve pids in the caller's namespace, and a
-``/proc/PID`` descriptor of an outside process is refused by ``pidfd_send_signal``. The template is
-its namespace's init, which the kernel spares every signal sent from inside that it has no handler
-for (``SIGKILL`` and ``SIGSTOP`` included), and when the template dies the kernel kills everything
-left in the namespace, ``CLONE_PARENT`` children of children included.
-
-Two ways to get there:
-
-- **As root** (``CAP_SYS_ADMIN``): the supervisor calls ``unshare(CLONE_NEWPID)`` just before it
-  forks the template and ``setns`` back just after (``isolate_next_child``, ``restore``), so its
-  child is PID 1 of the new namespace.
-- **As any other user**, where unprivileged user namespaces are allowed: the forked child makes a
-  user namespace mapping only its own uid and gid (so its tools see the uid they always had, and
-  files of other users as ``nobody``), a PID namespace owned by it, and forks the template into it
-  (``enter_user_namespace``). It stays as a small *relay* between the supervisor and the template:
-  it dies with the supervisor, the template dies with it, and it exits when the template does. The
-  template holds capabilities inside its user namespace only (none on the host), and its workers
-  drop them all (``user_namespace``): a worker could otherwise mount over paths the next calls see.
-
-Either way the template, first thing, mounts a ``/proc`` of its namespace (in a mount namespace of
-its own that host mounts still propagate into, and nothing propagates out of; ``set_up_child``),
-so that its and its workers' ``/proc`` reads name the same processes their ``kill`` calls do, and a
-tool sees only the namespace's processes. The template reports its workers by their pids in the
-namespace; the supervisor translates them to host pids through its own ``/proc`` (``HostPids``), so
-the supervisor, the log and a result's ``worker.pid`` always give host pids.
-
-Where neither works, the template runs in the executor's own namespace as before, and the executor
-logs at start-up that a tool can signal the executor's processes.
+allows it: as root by ``unshare(CLONE_NEWPID)`` around the template's fork (``isolate_next_child``,
+``restore``); as any other user in a user namespace that maps only its own uid and gid, with a relay
+process left between supervisor and template (``enter_user_namespace``). The template mounts its
+namespace's ``/proc`` first (``set_up_child``), so a tool can address no process outside by pid, and
+``HostPids`` gives the supervisor host pids; the template never holds a descriptor of the host's
+``/proc``. Where neither way works, the template shares the executor's namespace and the executor
+logs that at start-up. Why and how: docs/executor.md#the-pid-namespace.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""What the executor's own processes keep from the tools they run, in every profile.
-
-Workers are forked (never exec'd) from the template, and the template from the supervisor, so two
-things tools could read by plain file access would leak the executor's state:
-
-- ``/proc/PID/environ`` (of the worker itself, of the template or of the supervisor) reads the
-  environment strings the process image *started* with, kept on its stack; ``os.environ.clear()``
-  does not touch them. ``scrub_initial_environment`` moves every variable still set to the heap and
-  overwrites that region.
-- A dumpable process of the same user can be ptraced, read through ``/proc/PID/mem`` or
-  ``process_vm_readv``, and have descriptors copied with ``pidfd_getfd``. ``not_dumpable`` turns
-  that off (inherited by every process forked after it). Root keeps ``CAP_SYS_PTRACE`` and ignores
-  it: as root, only the hardened profile separates tools from the executor.
+"""What the executor's own processes keep from the tools they run, in every profile: their initial
+environment strings (``scrub_initial_environment`` overwrites what ``/proc/PID/environ`` shows), their
+memory and descriptors (``not_dumpable``: no ptrace, ``/proc/PID/mem`` or ``pidfd_getfd`` by a tool
+of the same user), and the secrets ``serve`` started with (``reexec_without_secrets``). As root, a
+worker of the default profile must not hold ``CAP_SYS_PTRACE`` (which ignores ``not_dumpable``),
+``CAP_SYS_RESOURCE`` or ``HOST_ADMIN_CAPS``: ``drop_capabilities`` takes them away for good.
+Why and how: docs/executor.md#privacy.
 """
 
 from __future__ import annotations

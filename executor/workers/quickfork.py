@@ -1,20 +1,8 @@
-"""Forking a worker without Python's after-fork hooks, where that is safe.
-
-``os.fork()`` runs, in the child, the hooks registered with ``os.register_at_fork`` and the
-interpreter's own: threading's (it rebuilds the thread table and its locks), logging's (every
-handler's lock), random's (a reseed). A fresh worker is a copy-on-write image of the template, and
-each object those hooks touch is a page the child copies: a child of the template took 244 page
-faults by the time ``os.fork()`` returned, against 33 with the bare ``fork()``. Over a whole fresh
-no-op call (supervisor, template and worker; the worker writes many of those pages later anyway)
-it is about 85 of 915 faults. The hooks exist for what other threads may hold at the moment of the
-fork (a lock, the import lock, the GIL) and for tool libraries' own state. A template with one
-thread and no hook of its tools' has neither, so ``fork`` calls the C library's ``fork()``
-directly (holding the GIL: ``ctypes.PyDLL``) and reseeds ``random``, the one hook whose effect is
-visible (without it, every worker would draw the same numbers). Anywhere else it is ``os.fork()``.
-
-``watch_hooks`` is installed before the tool modules are imported and stays: it records whether
-anything in the template registered an after-fork hook (at import, or later from a thread a module
-left); a hook registered in a worker concerns that worker only.
+"""Forking a worker without Python's after-fork hooks, where that is safe. ``fork`` calls the C
+library's ``fork()`` directly (and reseeds ``random``) when the template has one thread and nothing
+in it registered an after-fork hook (``watch_hooks``, installed before the tool modules are
+imported, records that); anywhere else it is ``os.fork()``. A worker is then spared the pages those
+hooks would copy. Why and how: docs/executor.md#the-bare-fork.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""Starting the template process: always a new interpreter (``executor.workers.template``).
-
-Every fresh worker is a fork of the template, and a fork costs in proportion to the memory the
-template has mapped: the kernel copies its page tables at the fork, tears them down at the worker's
-exit, and the worker takes a copy-on-write fault for each page it writes. A template forked from
-the supervisor would map all the supervisor had imported (pydantic's machinery alone is about 8 MB:
-measured, the fork+exit+wait of a process that imported ``protocol`` costs 2.5 times that of one
-that did not) and what its memory holds (other clients' calls and results, its keys). A new
-interpreter maps only what the far side of the fork imports (``executor.workers``, which never
-imports pydantic: ``tests/test_import_isolation.py``) and the tool modules. ``serve`` starts the
-first one before it opens its endpoint, so that the two start-ups overlap; it waits for its
-``Configure`` before it reads a tool module.
+"""Starting the template process (``fork_template``): always a new interpreter
+(``executor.workers.template``), never a fork of the supervisor's memory, which holds its imports,
+its keys and other clients' calls and results. The forked child makes its PID namespace, says so
+(``Isolated``) before any tool code runs, drops what no default-profile worker may hold and execs
+``python -P``; the supervisor is a subreaper of whatever a dead template leaves. ``serve`` starts the first template
+while it opens its endpoint; no template reads a tool module before its ``Configure``.
+Why and how: docs/executor.md#the-templates-start.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
-"""The template process and the workers it forks. Everything here runs tool code or is one fork away
-from it; the supervisor (``executor.supervisor``) never does.
-
-The **template** is forked by the supervisor before it opens any ZeroMQ socket or reads a key or a
-call; one that replaces a dead template is a fresh interpreter (``executor.workers.template``), never a fork
-of the supervisor's memory. It imports the tool modules once, reports the tool specs, and then forks
-a **worker** whenever the supervisor asks, so a replacement worker is ready in milliseconds with the
-tools already imported. The template is a
-child subreaper: when a worker dies, whatever it left behind is reparented to the template, which
-kills it. It reports every worker's exit status to the supervisor.
-
-A **worker** is itself a child subreaper in its own session. It holds nothing but /dev/null as
-stdin, its stdout/stderr pipes (read by the supervisor) and its channel; every other descriptor the
-template or the supervisor had is closed. By default it runs **exactly one call** and then stops
-itself (``SIGSTOP``: no thread a tool left runs on) until the supervisor kills it once the executor
-is quiet (so the teardown does not compete with the answer for the CPU), so nothing a call leaves in
-its process (patched modules, threads, alarms, a forged reply) reaches a later call; the template
-keeps workers forked ahead so a call does not wait for a fork. With
-``reuse`` (``--reuse-workers``, for trusted tools that keep state) it loops over calls. Either way,
-after each call it kills every process the call left behind.
-
-The template runs with the environment allowlist (``protocol.environment``) applied before it
-imports any tool module, so no tool, at import or at call time, sees the executor's secrets.
+"""The template process and the workers it forks: everything here runs tool code or is one fork away
+from it; the supervisor (``executor.supervisor``) never does. The template (``template_main``)
+applies the environment allowlist, imports the tool modules once, reports their specs, forks a
+worker per ``Spawn``, kills whatever a dead worker left (it is a child subreaper) and reports every
+exit. A worker (``worker_loop``) holds only /dev/null, its output pipes and its channel, runs one
+call (``reuse``: many) under its limits and kills what the call left; a fresh worker then stops
+itself until the supervisor kills it, so nothing a call leaves reaches a later call.
+Why and how: docs/executor.md#the-template-and-its-workers.
 """
 
 from __future__ import annotations
@@ -86,8 +71,8 @@ MAX_REPR_CHARS = 100_000
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """What the template needs to make workers: given by the supervisor when it starts it (in memory
-    to the first, forked, template; as a ``Configure`` message to one started afresh)."""
+    """What the template needs to make workers: the supervisor sends it in the template's
+    ``Configure`` (``to_wire``), before the template reads a tool module."""
 
     targets: list[str]
     limits: WorkerLimits
