@@ -484,3 +484,40 @@ def test_a_client_that_does_not_read_its_answers_is_disconnected_with_a_log_line
         client.close(0)
         endpoint.close()
         ctx.term()
+
+
+def test_a_handler_slower_than_the_receive_budget_still_gets_every_waiting_message(
+    private_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receive budget bounds the endpoint's own receiving and decoding, not the time its caller
+    spends on each message. Before, a supervisor descheduled while it handled a client's first
+    cancel (a loaded machine) left the second unread for a turn, in which the cancelled call's
+    worker died and the queued call the client had also given up on was handed to a worker and ran
+    (tests/test_wire_at_most_once.py, on CI). Here the handler's slowness is a clock it moves on by a
+    second per message; the socket and the messages are real."""
+    from executor.clientside import router
+    from executor.clientside.router import RouterEndpoint
+
+    clock = [time.monotonic()]
+    monkeypatch.setattr(router.time, "monotonic", lambda: clock[0])
+    ctx = zmq.Context()
+    endpoint = RouterEndpoint(ctx, f"ipc://{private_dir}/exec.sock")
+    client = ctx.socket(zmq.DEALER)
+    client.setsockopt(zmq.LINGER, 0)
+    try:
+        client.connect(endpoint.endpoint)
+        for nonce in range(3):  # queued before the connection is up: they arrive together
+            client.send_multipart(encode(Ping(nonce=nonce)))
+        poller = zmq.Poller()
+        poller.register(endpoint.socket, zmq.POLLIN)
+        assert poller.poll(10_000)
+        nonces = []
+        for _route, ping in endpoint.receive():
+            assert isinstance(ping, Ping)
+            nonces.append(ping.nonce)
+            clock[0] += 1.0  # the handler took a second (descheduled, say)
+        assert nonces == [0, 1, 2]
+    finally:
+        client.close(0)
+        endpoint.close()
+        ctx.term()

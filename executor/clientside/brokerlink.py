@@ -30,7 +30,7 @@ from executor.clientside.base import (
     EndpointError,
     Incoming,
 )
-from protocol import Bye, Heartbeat, ProtocolError, Ready, decode, encode
+from protocol import Bye, Heartbeat, Message, ProtocolError, Ready, decode, encode
 from protocol.messages import MAX_CAPACITY
 from protocol.timing import (
     HEARTBEAT_INTERVAL,
@@ -123,35 +123,36 @@ class BrokerLink:
         self.send(BROKER, encode(ready))
 
     def receive(self) -> Iterator[Incoming]:
-        """Messages waiting now, at most ``RECV_BATCH`` or ``RECV_BUDGET_S`` of them (as the bound
-        endpoint): a broker flooding costly bodies cannot keep the loop from its workers and deadlines."""
-        until = time.monotonic() + RECV_BUDGET_S
+        """Messages waiting now, at most ``RECV_BATCH`` of them or ``RECV_BUDGET_S`` of receiving and
+        decoding (as the bound endpoint, whose ``receive`` says why only this generator's own time
+        counts): a broker flooding costly bodies cannot keep the loop from its workers and deadlines."""
+        spent = 0.0
         for _ in range(RECV_BATCH):
-            if time.monotonic() > until:
+            if spent > RECV_BUDGET_S:
                 return
+            started = time.monotonic()
             frames = recv_message(self.socket)
             if frames is None:
                 return
-            now = time.monotonic()
-            self.last_heard = now
+            self.last_heard = started
             self.attempt = 0
             try:
-                msg = decode(frames)
+                msg: Message | ProtocolError = decode(frames)
             except ProtocolError as e:
-                yield BROKER, e  # a malformed call is still answered, with its id when readable
-                continue
+                msg = e  # a malformed call is still answered, with its id when readable
+            spent += time.monotonic() - started
             if isinstance(msg, Heartbeat):
                 if not self.retry_at:
                     self.refusals = 0  # a broker heartbeats its members only: it took us in
                 continue
             if isinstance(msg, Bye):
                 if msg.refused:
-                    self._refused(now, msg.reason)
+                    self._refused(started, msg.reason)
                 elif self.retry_at:
                     pass  # refused: we announce again when the wait is over, not sooner
-                elif now - self.announced > HEARTBEAT_INTERVAL / 2:  # not for each stale heartbeat it saw
+                elif started - self.announced > HEARTBEAT_INTERVAL / 2:  # not for each stale heartbeat it saw
                     log.info("the broker asks this executor to announce itself again (%s)", _printable(msg.reason))
-                    self._announce(now)
+                    self._announce(started)
                 continue
             yield BROKER, msg
 

@@ -39,7 +39,7 @@ from executor.clientside.base import (
     Incoming,
 )
 from executor.clientside.outbox import Outboxes
-from protocol import ProtocolError, decode
+from protocol import Message, ProtocolError, decode
 from protocol.wire import MAX_FRAMES, LogBudget, bound_socket, ipc_path, recv_message_from
 
 log = logging.getLogger("ciayn-executor")
@@ -117,12 +117,16 @@ class RouterEndpoint:
         """Nothing to do: clients that connected while the tools were imported are read from now on."""
 
     def receive(self) -> Iterator[Incoming]:
-        """Messages waiting now, at most ``RECV_BATCH`` of them or ``RECV_BUDGET_S`` of decoding, so
-        that a flood of costly bodies cannot keep the loop from pings, deadlines and workers."""
-        until = time.monotonic() + RECV_BUDGET_S
+        """Messages waiting now, at most ``RECV_BATCH`` of them or ``RECV_BUDGET_S`` of receiving and
+        decoding, so that a flood of costly bodies cannot keep the loop from pings, deadlines and
+        workers. Only this generator's own time counts: handling a message (its caller's time) is
+        bounded by the batch, and a caller descheduled while it handled one does not leave the next
+        unread (a cancel read after the worker's death, which hands its queued call to a worker)."""
+        spent = 0.0
         for _ in range(RECV_BATCH):
-            if time.monotonic() > until:
+            if spent > RECV_BUDGET_S:
                 return
+            started = time.monotonic()
             # The routing frame, then the message.
             received = recv_message_from(self.socket, MAX_FRAMES + 1, user=self.curve_secret is not None)
             if received is None:
@@ -136,9 +140,11 @@ class RouterEndpoint:
                 self._note_key(route, key)
             self.outboxes.heard(route)
             try:
-                yield route, decode(body)
+                message: Message | ProtocolError = decode(body)
             except ProtocolError as e:
-                yield route, e
+                message = e
+            spent += time.monotonic() - started
+            yield route, message
 
     def send(self, route: bytes, frames: list[bytes]) -> None:
         """Send now, or hold for this client until its pipe has room (``Outboxes.send``)."""
