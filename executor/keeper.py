@@ -50,6 +50,7 @@ RESTART_MAX = 30.0  # ...doubling up to this
 KILL_GRACE = 1.0  # after SIGKILL, how long to wait for a process's exit before going on without it
 REPLACE_WAIT = 0.25  # how long replacing (or a failed start) waits for the old template's tree to die
 STOP_WAIT = 2.0  # at shutdown, how long the template gets to exit on its channel's EOF
+MAX_SAID_CHARS = 500  # of what a template's malformed report made pydantic say, in the log
 
 
 class Phase(enum.Enum):
@@ -80,6 +81,7 @@ class TemplateKeeper:
         self.fd = -1
         self.poller: zmq.Poller | None = None  # the supervisor's, once attached
         self.specs: dict[str, ToolSpec] = {}  # the tools the first template reported (kept across replacements)
+        self.checked: frozenset[str] = frozenset()  # of those, the ones whose workers check their arguments
         self.cgroups = ""  # what control groups the template found, for the log
         self.host_pids: pidns.HostPids | None = None  # its workers' host pids, when it has a namespace
         self.deadline = 0.0  # ISOLATING/IMPORTING: the start's; BACKING_OFF: the next try's
@@ -238,6 +240,12 @@ class TemplateKeeper:
         if not isinstance(msg, ToolsLoaded):  # a LoadFailed, whatever its text says, is only that
             self._end_start()
             raise StartupError(_said(msg))
+        try:  # what tool code in the template may have written: its failure is the start's, never ours
+            specs = {s["name"]: ToolSpec.model_validate(s) for s in msg.specs}
+        except (TypeError, KeyError, ValueError) as e:  # (pydantic's ValidationError is a ValueError)
+            self._end_start()
+            raise StartupError(f"the tool template reported specs that are not tool specs: {type(e).__name__}: "
+                               f"{str(e)[:MAX_SAID_CHARS]}") from None
         self.host_pids = None
         if not self.pid_ns:  # PID 1 of its own namespace: it names its workers by their pids there
             template = pidns.template_in(self.pid)
@@ -252,11 +260,10 @@ class TemplateKeeper:
             log.warning("workers run in the executor's own PID namespace (%s): a tool can signal the executor's "
                         "processes and every other process of its user; run as root, allow unprivileged user "
                         "namespaces, or use --profile hardened", self.pid_ns)
-        specs = {s["name"]: ToolSpec.model_validate(s) for s in msg.specs}
         if self.specs and specs != self.specs:
             log.warning("the new template's tools differ from the first one's; keeping the first list")
         else:
-            self.specs = specs
+            self.specs, self.checked = specs, frozenset(msg.checked) & specs.keys()
         self.cgroups = msg.cgroups
         self.phase, self.reader = Phase.SERVING, None
         if self.restarts:

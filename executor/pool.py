@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable
 from typing import Any
@@ -116,6 +117,11 @@ class WorkerPool:
     @property
     def specs(self) -> dict[str, ToolSpec]:
         return self.keeper.specs
+
+    @property
+    def checked(self) -> frozenset[str]:
+        """Tools whose workers check their arguments against the annotations themselves."""
+        return self.keeper.checked
 
     @property
     def cgroups(self) -> str:
@@ -385,8 +391,14 @@ class WorkerPool:
 
     def _spawned(self, msg: Spawned, fds: list[int]) -> None:
         """-> READY: the template forked the worker it was asked for, and sent its descriptors
-        (channel, stdout, stderr and, where it can, a pidfd)."""
-        self.asked.pop(msg.worker, None)
+        (channel, stdout, stderr and, where it can, a pidfd). One it was not asked for (tool code in
+        the template can write on its channel) is dropped."""
+        if self.asked.pop(msg.worker, None) is None:
+            log.warning("the template reported worker %d, which it was not asked for; ignored", msg.worker)
+            for fd in fds[:4]:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            return
         host = self.pids.host(msg.pid, fds[3:4], self.keeper.host_pids)
         if host <= 0:
             log.warning("worker %d (pid %d in the template's namespace) was gone before it could be used",
@@ -396,8 +408,16 @@ class WorkerPool:
                     os.close(fd)
             self._refill(urgent=bool(self.queued()))
             return
+        try:  # tool code in the template can write on its channel: the descriptors are checked
+            chan = _worker_channel(fds)
+        except OSError as e:
+            self.pids.forget(host)  # (closes its pidfd, fds[3], if it came with one)
+            for fd in fds[:3]:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._replace_template(f"sent a worker's descriptors that are not its channel and pipes ({e})")
+            return
         self.keeper.made_worker = True
-        chan = socket.socket(fileno=fds[0])
         worker = Worker(id=msg.worker, pid=host, chan=chan, reader=framing.Reader(chan, IDLE_READ_LIMIT),
                         out_fd=fds[1], err_fd=fds[2], since=time.monotonic())
         self.workers[worker.id] = worker
@@ -603,3 +623,16 @@ class WorkerPool:
         self.fds.close(worker)
         self.workers.pop(worker.id, None)
         self.dispatch()
+
+
+def _worker_channel(fds: list[int]) -> socket.socket:
+    """The worker's channel from the descriptors of its ``Spawned`` (channel, stdout, stderr): the
+    first a Unix stream socket, the others pipes; ``OSError`` otherwise."""
+    for fd in fds[1:3]:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            raise OSError(f"descriptor {fd} is not a pipe")
+    chan = socket.socket(fileno=fds[0])
+    if chan.family != socket.AF_UNIX or chan.type != socket.SOCK_STREAM:
+        chan.detach()
+        raise OSError("the channel is not a Unix stream socket")
+    return chan

@@ -13,11 +13,14 @@ import importlib
 import importlib.util
 import inspect
 import logging
+import pathlib
 import sys
+import types
+import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, overload
 
 from protocol.errors import CiaynError
 from protocol.values import MAX_NAME_CHARS, MAX_TOOLS, ValueRefused, check_value
@@ -151,6 +154,39 @@ def describe(t: Tool) -> ToolSpec:
     except ValueRefused as e:  # e.g. a default value msgpack cannot carry
         raise RegistryError(f"{e}; give its parameters defaults that are plain data") from None
     return spec
+
+
+_PLAIN_TYPES: frozenset[Any] = frozenset([str, int, float, bool, bytes, type(None), None, Any, object, list, dict,
+                                          tuple, pathlib.Path, pathlib.PurePath])
+
+
+def schema_checks_it(t: Tool) -> bool:
+    """Whether the JSON Schema of ``t``'s parameters says all that their annotations check, so that
+    the supervisor's check of the schema (``ToolSpec.check_arguments``) takes the decision pydantic
+    would: every annotation built only of str, int, float, bool, bytes, None, Any, paths, literals
+    of those, and lists, tuples, unions and str-keyed dicts of them. Anything else (``Annotated``
+    constraints and validators, models, enums, other classes) may check more than its schema says:
+    the tool's workers check its arguments with pydantic, as ``ToolSpec.bind`` does, and the
+    template then maps pydantic, which such a tool module imports anyway."""
+    try:
+        hints = typing.get_type_hints(t.fn, include_extras=True)
+    except Exception:  # an annotation that does not resolve: ``describe`` says which
+        return False
+    hints.pop("return", None)
+    return all(_plain(hint) for hint in hints.values())
+
+
+def _plain(hint: Any) -> bool:
+    if hint in _PLAIN_TYPES:
+        return True
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return all(a is None or type(a) in (str, int, bool) for a in args)
+    if origin in (list, tuple, Union, types.UnionType):
+        return all(a is Ellipsis or _plain(a) for a in args)
+    if origin is dict:
+        return len(args) == 2 and args[0] is str and _plain(args[1])
+    return False
 
 
 def load_tools(targets: Iterable[str]) -> dict[str, Tool]:

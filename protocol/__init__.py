@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from protocol.codec import MAX_FRAME_BYTES, VERSION, ProtocolError, decode, encode
-    from protocol.errors import CiaynError
+    from protocol.errors import BindError, CiaynError
     from protocol.fingerprint import fingerprint, resend_key
     from protocol.grammar import CallRejected, parse_call, parse_calls, split_think, strip_markup
     from protocol.messages import (
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
         Welcome,
         WorkerInfo,
     )
-    from protocol.spec import BindError, Param, ToolSpec
+    from protocol.spec import Param, ToolSpec
     from protocol.values import ValueRefused, check_value
 
 # Where the names are defined, the modules that need no pydantic first: a name is looked up in this

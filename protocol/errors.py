@@ -13,3 +13,8 @@ from __future__ import annotations
 
 class CiaynError(Exception):
     """Base of every public exception of ciayn-sandbox (``protocol``, ``executor``, ``controller``)."""
+
+
+class BindError(CiaynError, ValueError):
+    """Arguments that do not fit a tool's signature; the message names the parameter (defined here,
+    with no pydantic, for the executor's workers: ``protocol.spec`` raises it)."""

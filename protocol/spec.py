@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, field_validator
 
-from protocol.errors import CiaynError
+from protocol.errors import BindError, CiaynError
 from protocol.values import MAX_NAME_CHARS, MAX_TOOLS
 
 __all__ = ["MAX_NAME_CHARS", "MAX_TOOLS", "BindError", "Param", "ToolDefinitionError", "ToolSpec"]
@@ -37,10 +37,6 @@ MAX_SIGNATURE_CHARS = 4096
 MAX_DOC_CHARS = 32768
 MAX_SCHEMA_BYTES = 65536  # the parameters' JSON Schema, encoded
 MAX_SCHEMA_DEPTH = 32
-
-
-class BindError(CiaynError, ValueError):
-    """Arguments that do not fit a tool's signature; the message names the parameter."""
 
 
 class ToolDefinitionError(CiaynError, ValueError):
@@ -191,7 +187,10 @@ class ToolSpec(BaseModel):
         check = _SchemaCheck(self.parameters)
         for p in self.params:
             if p.name in bound and not p.kind.startswith("var_") and p.name in properties:
-                problem = check.problem(properties[p.name], bound[p.name])
+                try:
+                    problem = check.problem(properties[p.name], bound[p.name])
+                except Exception:  # a schema it cannot read is not checked: never a crash of the supervisor
+                    problem = None
                 if problem is not None:
                     where, what, value = problem
                     path = "".join(f"[{_shown(part)}]" for part in where[:MAX_SCHEMA_DEPTH])
@@ -357,6 +356,7 @@ class _SchemaCheck:
         self.defs: dict[str, Any] = defs if isinstance(defs, dict) else {}
         self.steps = SCHEMA_CHECK_STEPS
         self.depth = 0
+        self.enums: dict[int, frozenset[Any]] = {}  # id of an ``enum`` list -> its entries' keys (``_among``)
 
     def problem(self, schema: Any, value: Any, refs: int = 0) -> _Problem | None:
         """What is wrong with ``value`` (``_Problem``), or None when it passes (or goes unchecked)."""
@@ -386,10 +386,12 @@ class _SchemaCheck:
                     if found is None:
                         break
                 if found is not None:
+                    self.steps -= len(branches)
                     # ``X | None`` given something that is not None: what is wrong with it as an X
                     left = [b for b in branches if value is None or b != _NULL]
                     return self.problem(left[0], value, refs) if len(left) == 1 else ((), _one_of(branches), value)
-        for branch in schema.get("allOf") or ():
+        all_of = schema.get("allOf")
+        for branch in all_of if isinstance(all_of, list) else ():
             found = self.problem(branch, value, refs)
             if found is not None:
                 return found
@@ -398,13 +400,14 @@ class _SchemaCheck:
     def _plain(self, schema: dict[str, Any], value: Any) -> _Problem | None:
         kinds = schema.get("type")
         names = [kinds] if isinstance(kinds, str) else kinds if isinstance(kinds, list) else []
+        names = [n for n in names if isinstance(n, str)]
         if names and not any(_is(name, value) for name in names):
             return (), f"should be {' or '.join(_TYPE_WORDS.get(n, str(n)) for n in names)}", value
         if "const" in schema and not _same(value, schema["const"]):
             return (), f"should be {schema['const']!r}", value
         enum = schema.get("enum")
-        if isinstance(enum, list) and not any(_same(value, e) for e in enum):
-            return (), f"should be one of {', '.join(repr(e) for e in enum[:10])}", value
+        if isinstance(enum, list) and not self._among(value, enum):
+            return (), f"should be one of {', '.join(_shown(e) for e in enum[:10])}", value
         if type(value) in (int, float):
             return _bounds(schema, value)
         if isinstance(value, str | bytes):
@@ -415,6 +418,28 @@ class _SchemaCheck:
         if isinstance(value, dict):
             return self._object(schema, value)
         return None
+
+    def _among(self, value: Any, enum: list[Any]) -> bool:
+        """Whether ``value`` is one of ``enum`` (JSON equality). The entries are made a set once per
+        check (their scan charged to the budget once), so a long list of values against a long
+        ``Literal`` costs a lookup each; past the budget, or for entries that are no set's, it passes."""
+        allowed = self.enums.get(id(enum))
+        if allowed is None:
+            if not self._afford(len(enum)):
+                return True
+            try:
+                allowed = self.enums[id(enum)] = frozenset(_json_key(e) for e in enum)
+            except TypeError:  # a list or a map among the entries: compared one by one
+                return not self._afford(len(enum)) or any(_same(value, e) for e in enum)
+        try:
+            return _json_key(value) in allowed
+        except TypeError:  # the value is a list or a map: no entry of a set of scalars is one
+            return False
+
+    def _afford(self, work: int) -> bool:
+        """Charge ``work`` (the entries of one keyword scanned) to the budget; whether it is left."""
+        self.steps -= work
+        return self.steps >= 0
 
     def _array(self, schema: dict[str, Any], value: list[Any] | tuple[Any, ...]) -> _Problem | None:
         wrong = _size(schema, len(value), "minItems", "maxItems", "items")
@@ -436,8 +461,9 @@ class _SchemaCheck:
         properties = schema.get("properties")
         properties = properties if isinstance(properties, dict) else {}
         required = schema.get("required")
-        for name in required if isinstance(required, list) else ():
-            if name not in value:
+        required = required if isinstance(required, list) and self._afford(len(required)) else ()
+        for name in required:
+            if isinstance(name, str) and name not in value:
                 return (), f"is missing the key {name!r}", value
         extra = schema.get("additionalProperties", True)
         for key, item in value.items():
@@ -466,9 +492,23 @@ def _is(name: str, value: Any) -> bool:
     return kinds is None or ((type(value) is not bool or name == "boolean") and isinstance(value, kinds))
 
 
+def _json_key(value: Any) -> tuple[bool, Any]:
+    """A key under which two values are equal as JSON values are (``true`` is not ``1``, ``1.0`` is
+    ``1``, bytes are the string of their latin-1 characters, as ``_check_types`` sends them to
+    pydantic): TypeError for an unhashable value."""
+    key = (type(value) is bool, value.decode("latin-1") if type(value) is bytes else value)
+    hash(key)
+    return key
+
+
 def _same(value: Any, expected: Any) -> bool:
     """JSON equality: ``true`` is not ``1``, and ``1.0`` is ``1``."""
-    return (type(value) is bool) == (type(expected) is bool) and value == expected
+    return _json_key(value) == _json_key(expected) if _hashable(value) and _hashable(expected) else (
+        (type(value) is bool) == (type(expected) is bool) and value == expected)
+
+
+def _hashable(value: Any) -> bool:
+    return type(value) in (str, bytes, int, float, bool, type(None))
 
 
 def _one_of(branches: list[Any]) -> str:

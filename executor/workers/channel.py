@@ -120,12 +120,14 @@ class Isolated(_Message):
 
 @dataclass(frozen=True)
 class ToolsLoaded(_Message):
-    """Template -> supervisor, once, after ``Configure``: the tool specs (ToolSpec dumps) and the
-    cgroup layers in use."""
+    """Template -> supervisor, once, after ``Configure``: the tool specs (ToolSpec dumps), the
+    cgroup layers in use, and the tools whose workers check their arguments against the annotations
+    themselves (``checked``: the supervisor's check of the schema would say less)."""
 
     OP: ClassVar[str] = "tools"
     specs: list[dict[str, Any]]
     cgroups: str = ""
+    checked: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,10 @@ def template_message(obj: Any) -> TemplateMessage:
     if op == Isolated.OP:
         return Isolated(pid_ns=_field(obj, "pid_ns", str, ""))
     if op == ToolsLoaded.OP:
-        return ToolsLoaded(specs=_field(obj, "specs", list), cgroups=_field(obj, "cgroups", str, ""))
+        checked = _field(obj, "checked", list, [])
+        if not all(isinstance(name, str) for name in checked):
+            raise ChannelError("'checked' holds something that is not a name")
+        return ToolsLoaded(specs=_field(obj, "specs", list), cgroups=_field(obj, "cgroups", str, ""), checked=checked)
     if op == LoadFailed.OP:
         return LoadFailed(message=_field(obj, "message", str))
     if op == Spawned.OP:

@@ -107,8 +107,9 @@ def _exec_template(chan: socket.socket, supervisor: int, confined: bool) -> NoRe
     """In the child forked to be a fresh template: become ``python -P -m executor.workers.template``, keeping
     only the standard descriptors and ``chan``. ``-P``: our working directory is the workspace, which
     tools may write; on the new interpreter's path, a file there named like a module it imports would
-    run in the template, outside any sandbox. It finds ``executor`` through PYTHONPATH, and then takes
-    our ``sys.path`` from ``Configure``."""
+    run in the template, outside any sandbox; so is a PYTHONPATH entry that is empty, relative or the
+    workspace, which is dropped. It finds ``executor`` through PYTHONPATH, and then takes our
+    ``sys.path`` from ``Configure``."""
     try:
         close_fds_except(0, 1, 2, chan.fileno())
         if not confined:
@@ -119,7 +120,12 @@ def _exec_template(chan: socket.socket, supervisor: int, confined: bool) -> NoRe
         env = dict(os.environ)
         package = sys.modules["executor"].__file__ or ""  # executor/__init__.py: its directory's parent
         root = os.path.dirname(os.path.dirname(os.path.abspath(package)))  # is where `executor` is found
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        here = os.path.realpath(os.getcwd())  # the workspace
+        # Only absolute entries, and never the workspace: an empty or relative one ("$PYTHONPATH:/x"
+        # when it was unset) would put it on the path before ``-P`` could keep it off.
+        kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                if os.path.isabs(p) and os.path.realpath(p) != here]
+        env["PYTHONPATH"] = os.pathsep.join([root, *kept])
         os.execve(sys.executable,
                   [sys.executable, "-P", "-m", "executor.workers.template", str(chan.fileno()), str(supervisor)], env)
     finally:

@@ -21,13 +21,14 @@ import socket
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgpack
 
 from executor import signals
-from executor.registry import RegistryError, Tool, describe, find_tools
+from executor.registry import RegistryError, Tool, describe, find_tools, schema_checks_it
 from executor.workers import framing, procfs, quickfork
 from executor.workers.cgroups import CgroupSupport, Group
 from executor.workers.channel import (
@@ -59,6 +60,7 @@ from executor.workers.processes import (
     prctl,
 )
 from protocol.environment import allowed_environment
+from protocol.errors import BindError
 from protocol.values import ValueRefused, check_value
 
 MAX_TRACEBACK_CHARS = 4000
@@ -143,23 +145,36 @@ def template_main(chan: socket.socket, config: WorkerConfig) -> None:
 
 def _describe(chan: socket.socket, tools: dict[str, Tool], cgroups: str) -> bool:
     """Send the supervisor the tools' specs (``ToolsLoaded``), or why they cannot be served
-    (``LoadFailed``); whether they can. The specs are built by reflection with pydantic, in a child
-    that exits once it has sent them: the template never maps pydantic, so no fork copies it."""
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            specs = [describe(t).model_dump() for t in tools.values()]
-            framing.send(chan, ToolsLoaded(specs=specs, cgroups=cgroups).to_wire())
-        except RegistryError as e:
-            framing.send(chan, LoadFailed(message=str(e)).to_wire())
-            code = 3
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
+    (``LoadFailed``); whether they can. The specs are built by reflection with pydantic. Where the
+    schema says all every annotation checks (``schema_checks_it``), that happens in a child that
+    exits once it has sent them: the template never maps pydantic, so no fork copies it. Otherwise
+    here: such tools keep their spec, and their workers check arguments with it (``run_call``)."""
+    if all(schema_checks_it(t) for t in tools.values()):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if _send_specs(chan, tools, cgroups, checked=()) else 3)
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status) == 0
+    checked = [name for name, t in tools.items() if not schema_checks_it(t)]
+    return _send_specs(chan, tools, cgroups, checked)
+
+
+def _send_specs(chan: socket.socket, tools: dict[str, Tool], cgroups: str, checked: Sequence[str]) -> bool:
+    """Describe the tools and send ``ToolsLoaded``, the ``checked`` ones keeping their spec for their
+    workers' checks; or send ``LoadFailed``. Whether the tools can be served."""
+    try:
+        specs = {name: describe(t) for name, t in tools.items()}
+        framing.send(chan, ToolsLoaded(specs=[spec.model_dump() for spec in specs.values()], cgroups=cgroups,
+                                       checked=list(checked)).to_wire())
+    except RegistryError as e:
+        framing.send(chan, LoadFailed(message=str(e)).to_wire())
+        return False
+    except BaseException:
+        traceback.print_exc()
+        return False
+    for name in checked:
+        tools[name] = replace(tools[name], spec=specs[name])
+    return True
 
 
 class _Workers:
@@ -502,6 +517,11 @@ def run_call(req: CallRequest, tools: dict[str, Tool], limits: WorkerLimits, har
     replace = False
     if t is None:  # the supervisor checks first; this is a second line
         return Reply.failure(req.seq, "unknown_tool", f"no tool named {req.tool!r}"), False
+    if t.spec is not None:  # a tool whose annotations check more than its schema says (``_describe``)
+        try:
+            t.spec.bind(req.args, req.kwargs)
+        except BindError as e:
+            return Reply.failure(req.seq, "bad_arguments", str(e)), False
     if apply_limits:
         apply_call_limits(limits, req.cpu_s or limits.cpu_s, hard=hard)
         _reset_peak_rss()
