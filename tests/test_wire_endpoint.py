@@ -501,13 +501,14 @@ def test_a_handler_slower_than_the_receive_budget_still_gets_every_waiting_messa
     clock = [time.monotonic()]
     monkeypatch.setattr(router.time, "monotonic", lambda: clock[0])
     ctx = zmq.Context()
-    endpoint = RouterEndpoint(ctx, f"ipc://{private_dir}/exec.sock")
     client = ctx.socket(zmq.DEALER)
     client.setsockopt(zmq.LINGER, 0)
+    address = f"ipc://{private_dir}/exec.sock"
+    client.connect(address)  # before the endpoint binds: the three wait in the client's pipe...
+    for nonce in range(3):
+        client.send_multipart(encode(Ping(nonce=nonce)))
+    endpoint = RouterEndpoint(ctx, address)  # ...and arrive together once it does
     try:
-        client.connect(endpoint.endpoint)
-        for nonce in range(3):  # queued before the connection is up: they arrive together
-            client.send_multipart(encode(Ping(nonce=nonce)))
         poller = zmq.Poller()
         poller.register(endpoint.socket, zmq.POLLIN)
         assert poller.poll(10_000)
