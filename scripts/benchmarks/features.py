@@ -35,10 +35,12 @@ class Features:
     def detect(cls) -> Features:
         serve = _help("serve") or ""
         broker = _help("broker")
-        profiles = re.search(r"--profile \{([^}]*)\}", serve)
+        # ``--profile {default,hardened}`` once; ``--profile PROFILE`` and its help line since the CLI's
+        # one help style (358add8), which a search for the first alone missed: "not built yet" since.
+        profiles = re.search(r"--profile (?:\{([^}]*)\}|PROFILE\s+[^\n]*?default or hardened)", serve)
         return cls(
             reuse_workers="--reuse-workers" in serve,
-            hardened=bool(profiles and "hardened" in profiles.group(1).split(",")),
+            hardened=profiles is not None,
             broker=broker is not None and "--connect" in serve,
             insecure_flag_serve="--insecure" in serve,
             insecure_flag_broker=broker is not None and "--insecure" in broker,
