@@ -78,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_serve_parser(sub)
+    _add_broker_parser(sub)
+    _add_status_parser(sub)
+    _add_selfcheck_parser(sub)
+    _add_keygen_parser(sub)
+    return parser
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser("serve", help="serve tool modules on an endpoint", description=DESCRIPTION,
                            epilog=SERVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     serve.add_argument("--tools", action="append", required=True, metavar="MODULE",
@@ -91,88 +100,104 @@ def build_parser() -> argparse.ArgumentParser:
                        "same name differently, or a live executor on another connection holds its id) it does not "
                        "stop: it logs why and announces itself again after 1 s, doubling up to 10 s, until the "
                        "conflict is gone")
+    serve.add_argument("--workspace", metavar="DIR", default=None,
+                       help="root directory the file tools are confined to; the workers' cwd (default: cwd)")
+    _serve_workers_and_limits(serve.add_argument_group("workers and limits"))
+    _serve_isolation(serve.add_argument_group("isolation"))
+    _serve_exposure(serve.add_argument_group("keys and exposure"))
+    serve.add_argument("--parent-pid", type=int, default=None, metavar="PID",
+                       help="exit when this process exits (used by controllers that start the executor)")
+    serve.add_argument("--metrics-port", metavar="[HOST:]PORT",
+                       help="serve Prometheus metrics over HTTP on this port (127.0.0.1 unless HOST is given)")
+    _log_options(serve)
+
+
+def _serve_workers_and_limits(group: argparse._ArgumentGroup) -> None:
+    """``serve``'s workers, their limits and the queue."""
     d = Limits()
-    serve.add_argument("--workers", metavar="N", type=_positive(int), default=1,
+    group.add_argument("--workers", metavar="N", type=_positive(int), default=1,
                        help="calls run at once (default: 1); each call gets a fresh worker process, and as many "
                        "are kept forked ahead")
-    serve.add_argument("--reuse-workers", action="store_true",
+    group.add_argument("--reuse-workers", action="store_true",
                        help="TOOLS ARE TRUSTED: run call after call in the same worker process, so tools can keep "
                        "state across calls; a call can then see and change what earlier calls left, and limits "
                        "are soft (a tool can lift them)")
-    serve.add_argument("--pass-env", action="append", default=[], metavar="NAME",
+    group.add_argument("--pass-env", action="append", default=[], metavar="NAME",
                        help="hand this environment variable to tools (repeatable; NAME_* for a prefix). Tools "
                        "see only PATH, HOME, LANG, LC_*, TZ, TMPDIR and these; never the executor's secrets")
-    serve.add_argument("--timeout", type=_positive(float), default=None, metavar="S",
+    group.add_argument("--timeout", type=_positive(float), default=None, metavar="S",
                        help="wall-clock limit of a call that sets none, seconds: a call's own timeout wins over "
                        "its tool's @tool(timeout=...), which wins over this one; each may be longer or shorter "
                        f"(default: {d.timeout_s:g}, or --max-timeout if less)")
-    serve.add_argument("--max-timeout", type=_positive(float), default=None, metavar="S",
+    group.add_argument("--max-timeout", type=_positive(float), default=None, metavar="S",
                        help="the longest any call may run, seconds: a ceiling on every timeout, whether the "
                        "call, its tool or --timeout set it; a call asking for more runs under this one and its "
                        f"timeout error says so. Reported in hello and status (default: {MAX_TIMEOUT_S:g}, a day)")
-    serve.add_argument("--cpu-s", metavar="S", type=_positive(float), default=None,
+    group.add_argument("--cpu-s", metavar="S", type=_positive(float), default=None,
                        help="CPU seconds per call (default: the timeout plus 1)")
-    serve.add_argument("--memory-mb", metavar="MB", type=_positive(int), default=d.memory_mb,
+    group.add_argument("--memory-mb", metavar="MB", type=_positive(int), default=d.memory_mb,
                        help=f"memory per worker, MB (default: {d.memory_mb})")
-    serve.add_argument("--max-output-kb", metavar="KB", type=_positive(int), default=d.max_output_kb,
+    group.add_argument("--max-output-kb", metavar="KB", type=_positive(int), default=d.max_output_kb,
                        help=f"cap on stdout and on stderr per call, KB (default: {d.max_output_kb})")
-    serve.add_argument("--max-result-kb", metavar="KB", type=_positive(int), default=d.max_result_kb,
+    group.add_argument("--max-result-kb", metavar="KB", type=_positive(int), default=d.max_result_kb,
                        help=f"cap on the encoded return value, KB (default: {d.max_result_kb})")
-    serve.add_argument("--max-queue", metavar="N", type=_positive(int), default=256,
+    group.add_argument("--max-queue", metavar="N", type=_positive(int), default=256,
                        help="calls waiting for a worker before new ones are refused (default: 256)")
-    serve.add_argument("--max-queue-mb", metavar="MB", type=_positive(int), default=1024,
+    group.add_argument("--max-queue-mb", metavar="MB", type=_positive(int), default=1024,
                        help="encoded arguments of the calls waiting for a worker, MiB, before new ones are refused "
                        "(default: 1024)")
-    serve.add_argument("--max-queue-wait", metavar="S", type=_positive(float), default=600.0,
+    group.add_argument("--max-queue-wait", metavar="S", type=_positive(float), default=600.0,
                        help="seconds a call may wait for a worker before it is answered `unavailable` without "
                        "running; a call never waits longer than its own timeout either (default: 600)")
-    serve.add_argument("--profile", choices=["default", "hardened"], default="default", metavar="PROFILE",
+    group.add_argument("--no-cgroups", action="store_true",
+                       help="do not put workers in control groups even where the machine offers them "
+                       "(by default, as root: a memory and a pids group per worker, killed as a whole)")
+    group.add_argument("--max-processes", metavar="N", type=_positive(int), default=d.processes,
+                       help=f"processes per worker, where a pids cgroup enforces it (default: {d.processes})")
+
+
+def _serve_isolation(group: argparse._ArgumentGroup) -> None:
+    """``serve``'s isolation profile."""
+    group.add_argument("--profile", choices=["default", "hardened"], default="default", metavar="PROFILE",
                        help="isolation profile, default or hardened (default: default). default: rlimits, "
                        "subreaper, whole-tree kill. hardened: each call also in its own PID, mount and network "
                        "namespaces, read-only filesystem, another uid, no capabilities, seccomp, Landlock, cgroup "
                        "limits; needs root; runs the selfcheck first and refuses to serve if any layer fails")
-    serve.add_argument("--allow-degraded", action="store_true",
+    group.add_argument("--allow-degraded", action="store_true",
                        help="with --profile hardened: serve even if the machine lacks a layer or the selfcheck "
                        "fails (loudly; tools are then less confined)")
-    serve.add_argument("--workspace-rw", action="store_true",
+    group.add_argument("--workspace-rw", action="store_true",
                        help="with --profile hardened: tools may write the workspace, acting as its owner there "
                        "(default: read-only). Each call's writes go to a private layer capped at "
                        "--workspace-quota and are copied into the workspace once the call has answered, before "
                        "its result is sent; a call that times out, crashes or is killed first changes nothing, "
                        "and one whose changes would take the workspace over the quota gets an output_limit "
                        "error and changes nothing")
-    serve.add_argument("--workspace-quota", type=_positive(int), default=1024, metavar="MB",
+    group.add_argument("--workspace-quota", type=_positive(int), default=1024, metavar="MB",
                        help="with --profile hardened --workspace-rw: the most the workspace may hold after a "
                        "call, in MiB (each file counted at its full size, at least 4 KiB); a call may also "
                        "write at most this much, held in memory (counted against --memory-mb) until it ends "
                        "(default: 1024)")
-    serve.add_argument("--skip-selfcheck", action="store_true", help=argparse.SUPPRESS)
-    serve.add_argument("--no-cgroups", action="store_true",
-                       help="do not put workers in control groups even where the machine offers them "
-                       "(by default, as root: a memory and a pids group per worker, killed as a whole)")
-    serve.add_argument("--max-processes", metavar="N", type=_positive(int), default=d.processes,
-                       help=f"processes per worker, where a pids cgroup enforces it (default: {d.processes})")
-    serve.add_argument("--workspace", metavar="DIR", default=None,
-                       help="root directory the file tools are confined to; the workers' cwd (default: cwd)")
-    serve.add_argument("--parent-pid", type=int, default=None, metavar="PID",
-                       help="exit when this process exits (used by controllers that start the executor)")
-    serve.add_argument("--curve-secret", metavar="FILE",
+    group.add_argument("--skip-selfcheck", action="store_true", help=argparse.SUPPRESS)
+
+
+def _serve_exposure(group: argparse._ArgumentGroup) -> None:
+    """``serve``'s keys, and who may reach it."""
+    group.add_argument("--curve-secret", metavar="FILE",
                        help="CurveZMQ: encrypt every connection with this server key (a .key_secret file "
                        "from `ciayn-executor keygen`)")
-    serve.add_argument("--curve-clients", metavar="DIR",
+    group.add_argument("--curve-clients", metavar="DIR",
                        help="CurveZMQ: accept only clients whose public key file is in DIR (needs --curve-secret)")
-    serve.add_argument("--insecure", action="store_true",
+    group.add_argument("--insecure", action="store_true",
                        help="serve on an endpoint other local users (or the network) can reach: tcp without "
                        "CurveZMQ, an abstract ipc socket, or an ipc path outside a 0700 directory of this user. "
                        "Anyone who connects can run the tools as this user; logs a warning")
-    serve.add_argument("--curve-server-key", metavar="FILE",
+    group.add_argument("--curve-server-key", metavar="FILE",
                        help="with --connect: the broker's public key file; --curve-secret is then this executor's "
                        "own key pair, whose public key the broker must admit (its --curve-executors DIR)")
-    serve.add_argument("--metrics-port", metavar="[HOST:]PORT",
-                       help="serve Prometheus metrics over HTTP on this port (127.0.0.1 unless HOST is given)")
-    _log_options(serve)
-    _add_broker_parser(sub)
-    _add_status_parser(sub)
+
+
+def _add_selfcheck_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check = sub.add_parser("selfcheck", help="attack the hardened profile from inside a real worker",
                            description="Start a hardened executor whose tools are escape attempts (ptrace, "
                            "/proc/PID/mem, signals, cgroup moves, network, secrets, writes, remounts, setuid, "
@@ -185,13 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--workspace-rw", action="store_true",
                        help="check the --workspace-rw variant (the workspace written as its owner, each call's "
                        "writes applied within a 16 MiB --workspace-quota, filling the disk through it tried)")
+
+
+def _add_keygen_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     keygen = sub.add_parser("keygen", help="write a CurveZMQ key pair (NAME.key, NAME.key_secret) into DIR",
                             description="Write a CurveZMQ key pair for an executor or a client: DIR/NAME.key is "
                             "the public key (give it to the other side), DIR/NAME.key_secret the secret one "
                             "(mode 0600).")
     keygen.add_argument("dir", metavar="DIR")
     keygen.add_argument("name", metavar="NAME")
-    return parser
 
 
 BROKER_DESCRIPTION = """\
