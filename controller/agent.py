@@ -160,17 +160,7 @@ def create_agent(
     allow_tools = config.pop("allow_tools", None)
     if allow_tools is not None:
         client = AllowedTools(client, allow_tools)  # a ToolClient too
-    settings = {k: config.pop(k) for k in list(config) if k in _MODEL_FIELDS}
-    if isinstance(model, str):
-        model = ModelConfig(model=model, **settings)
-    elif settings:
-        if not isinstance(model, ModelConfig):
-            raise TypeError(
-                f"model settings ({', '.join(sorted(settings))}) apply to a model name or a ModelConfig, "
-                f"not to a ready {type(model).__name__}"
-            )
-        model = dataclasses.replace(model, **settings)
-
+    model = _with_settings(model, {k: config.pop(k) for k in list(config) if k in _MODEL_FIELDS})
     if isinstance(model, ModelConfig):
         choice = choose_backend(model.model, backend, choice_config)
         options = _options_for(choice.backend, config)
@@ -179,7 +169,27 @@ def create_agent(
 
             return Agent(ReactAgent.from_config(model, client, **options), choice)
         return Agent(CiaynAgent.from_config(model, client, **options), choice)
+    return _ready_model_agent(model, client, backend, config)
 
+
+def _with_settings(model: Any, settings: dict[str, Any]) -> Any:
+    """``model`` with ``settings`` (fields of ``ModelConfig``) applied: a model name becomes a
+    ``ModelConfig``, a ``ModelConfig`` a copy; a ready model object takes none (a TypeError)."""
+    if isinstance(model, str):
+        return ModelConfig(model=model, **settings)
+    if not settings:
+        return model
+    if not isinstance(model, ModelConfig):
+        raise TypeError(
+            f"model settings ({', '.join(sorted(settings))}) apply to a model name or a ModelConfig, "
+            f"not to a ready {type(model).__name__}"
+        )
+    return dataclasses.replace(model, **settings)
+
+
+def _ready_model_agent(model: Any, client: ToolClient, backend: str, config: dict[str, Any]) -> Agent:
+    """``create_agent`` for a ready model object: a CIAYN ``Model`` runs the ciayn backend, a LangChain
+    chat model the react one; asking for the other backend, or passing anything else, is an error."""
     if isinstance(model, Model):
         if backend == "react":
             raise ValueError(f"a {type(model).__name__} answers in text and cannot run the react backend")

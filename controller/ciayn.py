@@ -34,7 +34,6 @@ task asks for, the model is told so, and one call later it may only finish.
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -50,7 +49,7 @@ from controller.events import (
     ToolCallEvent,
     ToolResultEvent,
 )
-from controller.history import trim_history
+from controller.history import TokenCounter, trim_history
 from controller.models import (
     LiteLLMModel,
     Message,
@@ -61,9 +60,11 @@ from controller.models import (
     estimate_tokens,
     split_content,
 )
-from controller.progress import DEFAULT_MAX_STALLED_STEPS, Progress, StepProgress, without_calls
+from controller.progress import DEFAULT_MAX_STALLED_STEPS, Progress, StepProgress
 from controller.run import Abandoned, RunSkeleton
 from controller.seen import SeenValues
+from controller.step_grammar import StepGrammar
+from controller.step_grammar import build_grammar as build_grammar
 from controller.toolclient import ToolClient
 from protocol import Call, CallRejected, Result, ToolSpec, fingerprint, strip_markup
 from protocol.grammar import parse_reply
@@ -88,13 +89,6 @@ def prompt_options(prompt: str) -> dict[str, Any]:
     return dict(SMALL_MODEL_OPTIONS) if prompt == "compact" else {}
 
 
-def build_grammar(specs: Sequence[ToolSpec]) -> str:
-    """The GBNF grammar of valid replies, from ``controller.gbnf`` (raises ImportError without it)."""
-    gbnf: Any = importlib.import_module("controller.gbnf")
-    grammar: str = gbnf.call_grammar(list(specs))
-    return grammar
-
-
 class CiaynAgent(StreamingAgent):
     """A CIAYN agent over one model and one executor client.
 
@@ -105,17 +99,17 @@ class CiaynAgent(StreamingAgent):
     input limit, if any). ``show_reasoning`` puts the model's reasoning into ``ModelText`` events.
     ``system_role`` is the role of the instructions message. ``repair`` asks ``repair_model`` (default:
     the same model) to rewrite a rejected reply into one valid call. ``grammar`` is a GBNF string
-    sent with every request, or True to build one from the tool specs (``controller.gbnf``).
-    ``call_timeout`` overrides the executor's per-call timeout (seconds). ``prompt_style`` is
-    ``full`` (every rule and docstring) or ``compact`` (short, for small models); ``few_shot`` puts
-    example turns (task, calls, results, completion) between the instructions and the task;
-    ``constrain_values`` (with ``grammar=True``) narrows path, text and completion arguments to the
-    values the run has seen (``controller.seen``). ``check_completion`` refuses a completion call
-    while the task visibly lacks something (no tool has run; the task names a file to write and
-    nothing was written: ``SeenValues.completion_missing``), telling the model what, and (with
-    ``grammar=True``) keeps the completion tool out of the grammar meanwhile. ``max_stalled_steps``
-    (None: never) ends the run, ``stopped``, after that many steps in a row whose calls all got
-    results the run had already seen (``controller.progress``)."""
+    sent with every request, or True to build one from the tool specs (``controller.gbnf``) and narrow
+    it each step (``controller.step_grammar``). ``call_timeout`` overrides the executor's per-call
+    timeout (seconds). ``prompt_style`` is ``full`` (every rule and docstring) or ``compact`` (short,
+    for small models); ``few_shot`` puts example turns (task, calls, results, completion) between the
+    instructions and the task; ``constrain_values`` (with ``grammar=True``) narrows path, text and
+    completion arguments to the values the run has seen (``controller.seen``). ``check_completion``
+    refuses a completion call while the task visibly lacks something (no tool has run; the task names a
+    file to write and nothing was written: ``SeenValues.completion_missing``), telling the model what,
+    and (with ``grammar=True``) keeps the completion tool out of the grammar meanwhile.
+    ``max_stalled_steps`` (None: never) ends the run, ``stopped``, after that many steps in a row whose
+    calls all got results the run had already seen (``controller.progress``)."""
 
     def __init__(
         self,
@@ -207,11 +201,13 @@ class _Run(RunSkeleton):
 
     agent: CiaynAgent
     history: list[Message] = field(default_factory=list)
-    grammar: str | None = None  # of the offered tools
-    step_grammar: str | None = None  # of this step's request: ``grammar``, or a narrower one
+    initial: list[Message] = field(default_factory=list)  # instructions, examples and task: never trimmed
+    count_tokens: TokenCounter = estimate_tokens  # the model's own counter, if it has one
+    token_limit: int | None = None  # of the messages sent each step
+    grammars: StepGrammar = field(init=False, repr=False)  # set up by ``_start``
+    step_grammar: str | None = None  # of this step's request: the run's grammar, or a narrower one
     only_finish: bool = False  # the next reply may only finish (it has the answer and goes round in circles)
     answer_step: int | None = None  # the step after which the run had seen what the task asks for
-    narrowed: dict[tuple[Any, ...], str | None] = field(default_factory=dict)
     seen: SeenValues | None = None  # what the run has seen (for a task given as text)
     narrow_values: bool = False  # whether the grammar is narrowed to ``seen``
     progress: Progress | None = None
@@ -220,140 +216,168 @@ class _Run(RunSkeleton):
     trim_noticed: bool = False
 
     def events(self) -> Generator[StepEvent, None, None]:
-        a = self.agent
-        failed = self.list_tools()
-        if failed is not None:
-            yield failed
+        """The run: set it up, then one model turn per step until a turn or a limit ends it."""
+        ready = yield from self._start()
+        if not ready:
             return
-        warning = self.no_completion_tool()
-        if warning is not None:
-            yield warning
-        yield from self._resolve_grammar()
-        if isinstance(self.task, str):
-            self.seen = SeenValues.from_task(self.task)
-            self.narrow_values = a.constrain_values and a.grammar is True
-        self.progress = progress = Progress(self.tools)
-        initial = self._initial_messages()
-        count_tokens = getattr(a.model, "count_tokens", None) or estimate_tokens
-        token_limit = a.max_history_tokens
-        if token_limit is None and callable(getattr(a.model, "max_input_tokens", None)):
-            token_limit = a.model.max_input_tokens()  # type: ignore[attr-defined]
-
         while True:
             finished = self.limit_reached()
             if finished is not None:
                 yield finished
                 return
             started = self.begin_step()
-            step = started.step
             yield started
-            messages, dropped = trim_history(
-                initial,
-                self.history,
-                max_messages=a.max_history_messages,
-                max_tokens=token_limit,
-                count_tokens=count_tokens,
+            finished = yield from self._turn(started.step)
+            if finished is not None:
+                yield finished
+                return
+
+    def _start(self) -> Generator[StepEvent, None, bool]:
+        """Set the run up: its tools, grammar, what it watches and the messages it never trims; False
+        when the executor cannot list its tools (the run has ended, saying so)."""
+        a = self.agent
+        failed = self.list_tools()
+        if failed is not None:
+            yield failed
+            return False
+        warning = self.no_completion_tool()
+        if warning is not None:
+            yield warning
+        self.grammars = StepGrammar(a.model)
+        yield from self.grammars.resolve(a.grammar, self.specs)
+        if isinstance(self.task, str):
+            self.seen = SeenValues.from_task(self.task)
+            self.narrow_values = a.constrain_values and a.grammar is True
+        self.progress = Progress(self.tools)
+        self.initial = _initial_messages(a, self.specs, self.task)
+        self.count_tokens = getattr(a.model, "count_tokens", None) or estimate_tokens
+        self.token_limit = a.max_history_tokens
+        if self.token_limit is None and callable(getattr(a.model, "max_input_tokens", None)):
+            self.token_limit = a.model.max_input_tokens()  # type: ignore[attr-defined]
+        return True
+
+    def _turn(self, step: int) -> Generator[StepEvent, None, Finished | None]:
+        """One model turn: ask, check the reply, run its calls and feed their results back; a
+        ``Finished`` when the turn ends the run."""
+        reply = yield from self._ask_model(step)
+        if isinstance(reply, Finished):
+            return reply
+        text, reasoning = _reply_text(reply)
+        yield ModelText(step=step, text=text, reasoning=reasoning if self.agent.show_reasoning else "")
+        yield self.tally.add_usage(step, reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.cost)
+        if not strip_markup(text):
+            return self._empty_reply()
+        self.empty = 0
+        try:
+            calls, call_text = parse_reply(text, self.tools)
+        except CallRejected as e:
+            repaired = yield from self._rejected(step, text, e)
+            if not isinstance(repaired, tuple):
+                return repaired
+            calls, call_text = repaired
+        self.invalid = 0
+        self.history.append({"role": "assistant", "content": call_text})
+        outcome = yield from self._execute(step, calls)
+        if isinstance(outcome, Finished):
+            return outcome
+        return (yield from self._feedback(step, outcome))
+
+    def _ask_model(self, step: int) -> Generator[StepEvent, None, ModelReply | Finished]:
+        """Send the history, trimmed to the limits, with this step's grammar; the model's reply, or the
+        run's end when the request failed or the run was stopped meanwhile."""
+        a = self.agent
+        messages, dropped = trim_history(
+            self.initial,
+            self.history,
+            max_messages=a.max_history_messages,
+            max_tokens=self.token_limit,
+            count_tokens=self.count_tokens,
+        )
+        if dropped and not self.trim_noticed:
+            self.trim_noticed = True
+            yield Notice(f"History trimmed to fit the limits: {dropped} older messages left out.")
+        self.step_grammar, self.only_finish = self._step_grammar(), False
+        request = _merge_roles(messages)
+        try:
+            request_fn = functools.partial(a.model.complete, request, grammar=self.step_grammar)
+            reply = yield from self.await_model(step, request_fn)
+        except ModelError as e:
+            return self.tally.finished("failed", str(e))
+        if isinstance(reply, Abandoned):
+            return self.stopped()
+        return reply
+
+    def _empty_reply(self) -> Finished | None:
+        """Count an empty reply: after ``max_empty`` in a row the run fails; before, the model is told
+        and asked again."""
+        self.empty += 1
+        if self.empty >= self.agent.max_empty:
+            return self.tally.finished(
+                "failed",
+                f"the model returned {self.empty} empty replies in a row (nothing but whitespace, "
+                "markup or reasoning); it may not follow this prompt format, or its reply was cut "
+                "off by the token limit",
             )
-            if dropped and not self.trim_noticed:
-                self.trim_noticed = True
-                yield Notice(f"History trimmed to fit the limits: {dropped} older messages left out.")
-            self.step_grammar, self.only_finish = self._step_grammar(), False
-            request = _merge_roles(messages)
-            try:
-                request_fn = functools.partial(a.model.complete, request, grammar=self.step_grammar)
-                reply = yield from self.await_model(step, request_fn)
-            except ModelError as e:
-                yield self.tally.finished("failed", str(e))
-                return
-            if isinstance(reply, Abandoned):
-                yield self.stopped()
-                return
-            text, reasoning = _reply_text(reply)
-            yield ModelText(step=step, text=text, reasoning=reasoning if a.show_reasoning else "")
-            yield self.tally.add_usage(step, reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.cost)
+        self.history.append({"role": "user", "content": prompts.empty_reply(self.specs)})
+        return None
 
-            if not strip_markup(text):
-                self.empty += 1
-                if self.empty >= a.max_empty:
-                    yield self.tally.finished(
-                        "failed",
-                        f"the model returned {self.empty} empty replies in a row (nothing but whitespace, "
-                        "markup or reasoning); it may not follow this prompt format, or its reply was cut "
-                        "off by the token limit",
-                    )
-                    return
-                self.history.append({"role": "user", "content": prompts.empty_reply(self.specs)})
-                continue
-            self.empty = 0
+    def _rejected(
+        self, step: int, text: str, error: CallRejected
+    ) -> Generator[StepEvent, None, tuple[list[Call], str] | Finished | None]:
+        """A reply that did not parse, reported: its repair (calls and their text) when ``repair``
+        rewrote it; else counted and answered with the rejection (None), and after ``max_invalid`` in a
+        row the run's end."""
+        yield Rejected(step=step, text=text, message=str(error), code=error.code)
+        repaired = yield from self._repair(step, text, error)
+        if repaired is not None:
+            return repaired
+        self.invalid += 1
+        self.history.append({"role": "assistant", "content": text})
+        self.history.append({"role": "user", "content": prompts.rejected(str(error))})
+        if self.invalid >= self.agent.max_invalid:
+            return self.tally.finished(
+                "failed",
+                f"the model sent {self.invalid} invalid replies in a row; the last was rejected because: {error}",
+            )
+        return None
 
-            try:
-                calls, call_text = parse_reply(text, self.tools)
-            except CallRejected as e:
-                yield Rejected(step=step, text=text, message=str(e), code=e.code)
-                repaired = yield from self._repair(step, text, e)
-                if repaired is None:
-                    self.invalid += 1
-                    self.history.append({"role": "assistant", "content": text})
-                    self.history.append({"role": "user", "content": prompts.rejected(str(e))})
-                    if self.invalid >= a.max_invalid:
-                        yield self.tally.finished(
-                            "failed",
-                            f"the model sent {self.invalid} invalid replies in a row; the last was "
-                            f"rejected because: {e}",
-                        )
-                        return
-                    continue
-                calls, call_text = repaired
-            self.invalid = 0
-            self.history.append({"role": "assistant", "content": call_text})
-            outcome = yield from self._execute(step, calls)
-            if isinstance(outcome, Finished):
-                yield outcome
-                return
-            text = prompts.feedback(outcome)
-            report = progress.record(step, outcome)
-            if report.repeats or report.kept_out:
-                note, notice = self._progress_note(report, [call for call, _ in outcome])
-                if note:
-                    text = f"{text}\n\n{note}"
-                    yield Notice(notice)
-            ready = self._answer_seen(step)
-            if ready:
-                text = f"{text}\n\n{ready}"
-            self.history.append({"role": "user", "content": text})
-            if a.max_stalled_steps is not None and report.stalled >= a.max_stalled_steps:
-                yield self.tally.finished("stopped", self._stall_reason(report.stalled))
-                return
-
-    def _resolve_grammar(self) -> Generator[StepEvent, None, None]:
-        grammar = self.agent.grammar
-        if isinstance(grammar, str):
-            self.grammar = grammar
-        elif grammar is True:
-            try:
-                self.grammar = build_grammar(self._fit(self.specs))
-            except ImportError:
-                yield Notice("No reply grammar: controller.gbnf is not available; replies are unconstrained.")
-            except Exception as e:
-                yield Notice(f"No reply grammar: building it failed ({type(e).__name__}: {e}).")
-
-    @property
-    def _narrowable(self) -> bool:
-        """Whether this run builds each step's grammar from the tool specs (and so may narrow it)."""
-        return self.agent.grammar is True and self.grammar is not None
+    def _feedback(
+        self, step: int, outcome: list[tuple[Call, Result | str]]
+    ) -> Generator[StepEvent, None, Finished | None]:
+        """Tell the model what its calls returned, with what the run's progress and ``seen`` add; the
+        run's end when it has gone ``max_stalled_steps`` steps without a new result."""
+        assert self.progress is not None
+        text = prompts.feedback(outcome)
+        report = self.progress.record(step, outcome)
+        if report.repeats or report.kept_out:
+            note, notice = self._progress_note(report, [call for call, _ in outcome])
+            if note:
+                text = f"{text}\n\n{note}"
+                yield Notice(notice)
+        ready = self._answer_seen(step)
+        if ready:
+            text = f"{text}\n\n{ready}"
+        self.history.append({"role": "user", "content": text})
+        stall_limit = self.agent.max_stalled_steps
+        if stall_limit is not None and report.stalled >= stall_limit:
+            repeated = list(self.progress.repeated_in_stall.values())
+            reason = _stall_reason(report.stalled, repeated, self.agent.max_steps - self.tally.steps)
+            return self.tally.finished("stopped", reason)
+        return None
 
     def _progress_note(self, report: StepProgress, calls: list[Call]) -> tuple[str, str]:
         """What the model reads after a step that repeated results or kept calls out, and the notice
         for the transcript. With the answer seen (``controller.seen``) the next reply may only finish."""
         assert self.progress is not None
         finishers = set(prompts.completion_tools(self.specs))
+        narrowable = self.grammars.narrowable
         ready = self.narrow_values and self.seen is not None and self.seen.answer_ready()
-        self.only_finish = bool(report.repeats and ready and finishers and self._narrowable)
+        self.only_finish = bool(report.repeats and ready and finishers and narrowable)
         made = {fingerprint(c, self.tools.get(c.tool)) for c in calls}
-        kept_out = [] if not self._narrowable or self.only_finish else [
+        kept_out = [] if not narrowable or self.only_finish else [
             c for c in self.progress.kept_out() if fingerprint(c, self.tools.get(c.tool)) in made
         ]
-        named = self._named()
+        named = _named(self.seen)
         unexplored = [] if self.only_finish else self.progress.unexplored(named)
         note = prompts.progress_note(
             self.specs,
@@ -362,21 +386,10 @@ class _Run(RunSkeleton):
             unexplored=unexplored,
             can_finish=ready or (not self.narrow_values and self._completion_missing() is None),
         )
-        if self.only_finish:
-            note += f" Your next reply may only call {' or '.join(sorted(finishers))}."
-        said = []
-        if report.repeats:
-            repeats = (f"{prompts.format_call(r.call)} (same result as at step {r.first_step})" for r in report.repeats)
-            said.append("the model repeated " + ", ".join(repeats))
-        if self.only_finish:
-            said.append(f"its next reply may only call {' or '.join(sorted(finishers))}")
-        elif kept_out:
-            said.append(f"its next reply may not call {', '.join(prompts.format_call(c) for c in kept_out)}")
-        if unexplored:
-            said.append(f"suggested what it has not looked at ({', '.join(unexplored[:prompts.MAX_NAMED])})")
-        if report.stalled:
-            said.append(f"{report.stalled} step{'s' if report.stalled > 1 else ''} in a row without a new result")
-        return note, "Progress: " + "; ".join(said) + "."
+        only = " or ".join(sorted(finishers)) if self.only_finish else ""
+        if only:
+            note += f" Your next reply may only call {only}."
+        return note, _progress_notice(report, kept_out, unexplored, only)
 
     def _answer_seen(self, step: int) -> str:
         """With narrowed values: once the run has seen what the task asks for, the model is told so;
@@ -390,40 +403,6 @@ class _Run(RunSkeleton):
             return prompts.ANSWER_SEEN.format(finish=" or ".join(finishers))
         self.only_finish = True
         return f"Your next reply may only call {' or '.join(finishers)}."
-
-    def _stall_reason(self, stalled: int) -> str:
-        assert self.progress is not None
-        calls = ", ".join(prompts.format_call(c) for c in list(self.progress.repeated_in_stall.values())[-4:])
-        left = self.agent.max_steps - self.tally.steps
-        return (
-            f"no progress: {stalled} steps in a row got only results this run had already seen"
-            + (f" ({calls})" if calls else "")
-            + f"; stopped early instead of spending the other {left} steps of the limit"
-        )
-
-    def _named(self) -> list[str]:
-        """What the task names to look at: its files, and its directories (as ``name/``)."""
-        if self.seen is None:
-            return []
-        return [*self.seen.task_names, *(f"{d}/" for d in self.seen.task_dirs)]
-
-    def _fit(self, specs: Sequence[ToolSpec]) -> list[ToolSpec]:
-        """``specs`` whose free text values fit the model's reply cap (``max_tokens`` of its config):
-        at most that many characters each, so a call is not cut off half-way (a cut reply cannot
-        parse). Only for caps a double-quoted string can hold (``gbnf.MAX_STRING_CHARS``)."""
-        cap = getattr(getattr(self.agent.model, "config", None), "max_tokens", None)
-        limit: int = getattr(importlib.import_module("controller.gbnf"), "MAX_STRING_CHARS", 0)
-        if not isinstance(cap, int) or isinstance(cap, bool) or not 0 < cap <= limit:
-            return list(specs)
-        out = []
-        for spec in specs:
-            properties = dict(spec.parameters.get("properties") or {})
-            for name, schema in properties.items():
-                free = isinstance(schema, dict) and schema.get("type") == "string"
-                if free and not {"enum", "maxLength"} & set(schema):
-                    properties[name] = {**schema, "maxLength": cap}
-            out.append(spec.model_copy(update={"parameters": {**spec.parameters, "properties": properties}}))
-        return out
 
     def _completion_missing(self) -> str | None:
         """With ``check_completion``: what the task still lacks before a completion call may run."""
@@ -441,51 +420,19 @@ class _Run(RunSkeleton):
         seen = self.seen
         assert seen is not None and self.progress is not None
         target = seen.write_target() if seen.succeeded and seen.needs_writing() else ""
-        return prompts.incomplete(call, missing, self.specs, target, self.progress.unexplored(self._named()))
+        return prompts.incomplete(call, missing, self.specs, target, self.progress.unexplored(_named(self.seen)))
 
     def _step_grammar(self) -> str | None:
-        """This step's reply grammar: the run's, or (when it is built from the tool specs) one without
-        the calls ``controller.progress`` keeps out, with only the completion tools after a loop on a
-        ready answer, and with ``constrain_values`` its arguments narrowed to the values seen so far
-        (``controller.seen``); built once per combination."""
-        if not self._narrowable:
-            return self.grammar
-        seen = self.seen if self.narrow_values else None
-        kept_out = [] if self.progress is None else self.progress.kept_out()
-        unfinished = self._completion_missing() is not None
-        if not kept_out and not self.only_finish and seen is None and not unfinished:
-            return self.grammar
-        marks = frozenset(fingerprint(c, self.tools.get(c.tool)) for c in kept_out)
-        key = (marks, self.only_finish, unfinished, seen.version if seen is not None else -1)
-        if key not in self.narrowed:
-            specs = list(self.specs)
-            finishers = set(prompts.completion_tools(specs))
-            if self.only_finish:
-                specs = [s for s in specs if s.name in finishers]
-            elif unfinished and set(self.tools) - finishers:
-                specs = [s for s in specs if s.name not in finishers]
-            if seen is not None:
-                specs = seen.constrain(specs)
-            specs = without_calls(specs, kept_out)
-            try:
-                self.narrowed[key] = build_grammar(self._fit(specs))
-            except Exception:
-                self.narrowed[key] = self.grammar
-        return self.narrowed[key]
-
-    def _initial_messages(self) -> list[Message]:
-        a = self.agent
-        text = (
-            prompts.compact_instructions(self.specs)
-            if a.prompt_style == "compact"
-            else prompts.instructions(self.specs)
+        """This step's reply grammar (``StepGrammar.for_step``), from what the run knows now: the calls
+        kept out, whether the next reply may only finish or the task is unfinished, what it has seen."""
+        return self.grammars.for_step(
+            self.specs,
+            self.tools,
+            kept_out=[] if self.progress is None else self.progress.kept_out(),
+            only_finish=self.only_finish,
+            unfinished=self._completion_missing() is not None,
+            seen=self.seen if self.narrow_values else None,
         )
-        messages: list[Message] = [{"role": a.system_role, "content": text}]
-        if a.few_shot:
-            messages += prompts.example_turns(self.specs)
-        if isinstance(self.task, str):
-            return [*messages, {"role": "user", "content": prompts.TASK.format(task=self.task)}]
-        return [*messages, *(dict(m) for m in self.task)]
 
     def _repair(
         self, step: int, text: str, error: CallRejected
@@ -529,14 +476,7 @@ class _Run(RunSkeleton):
                 outcomes.append((call, refusal))
                 continue
             sent = self.with_id(call)
-            yield ToolCallEvent(
-                step=step,
-                call_id=sent.id or "",
-                tool=sent.tool,
-                args=list(sent.args),
-                kwargs=dict(sent.kwargs),
-                text=prompts.format_call(sent),
-            )
+            yield _call_event(step, sent)
             result = yield from self.send_call(sent)
             self.tally.add_result(result)
             if self.seen is not None:
@@ -551,6 +491,65 @@ class _Run(RunSkeleton):
                 return self.stopped()
             outcomes.append((call, result))
         return outcomes
+
+
+def _initial_messages(agent: CiaynAgent, specs: Sequence[ToolSpec], task: str | Sequence[Message]) -> list[Message]:
+    """What every request starts with and trimming never drops: the instructions (in the agent's
+    prompt style), the example turns with ``few_shot``, and the task."""
+    text = prompts.compact_instructions(specs) if agent.prompt_style == "compact" else prompts.instructions(specs)
+    messages: list[Message] = [{"role": agent.system_role, "content": text}]
+    if agent.few_shot:
+        messages += prompts.example_turns(specs)
+    if isinstance(task, str):
+        return [*messages, {"role": "user", "content": prompts.TASK.format(task=task)}]
+    return [*messages, *(dict(m) for m in task)]
+
+
+def _progress_notice(report: StepProgress, kept_out: Sequence[Call], unexplored: Sequence[str], only: str) -> str:
+    """The transcript's account of a progress note: what the step repeated, what the next reply may
+    (``only``: the tools it may only call, if so) or may not call, what was suggested, the stall."""
+    said = []
+    if report.repeats:
+        repeats = (f"{prompts.format_call(r.call)} (same result as at step {r.first_step})" for r in report.repeats)
+        said.append("the model repeated " + ", ".join(repeats))
+    if only:
+        said.append(f"its next reply may only call {only}")
+    elif kept_out:
+        said.append(f"its next reply may not call {', '.join(prompts.format_call(c) for c in kept_out)}")
+    if unexplored:
+        said.append(f"suggested what it has not looked at ({', '.join(unexplored[:prompts.MAX_NAMED])})")
+    if report.stalled:
+        said.append(f"{report.stalled} step{'s' if report.stalled > 1 else ''} in a row without a new result")
+    return "Progress: " + "; ".join(said) + "."
+
+
+def _named(seen: SeenValues | None) -> list[str]:
+    """What the task names to look at: its files, and its directories (as ``name/``)."""
+    if seen is None:
+        return []
+    return [*seen.task_names, *(f"{d}/" for d in seen.task_dirs)]
+
+
+def _stall_reason(stalled: int, repeated: Sequence[Call], left: int) -> str:
+    """Why a stalled run ended: how long it stalled, the last calls it repeated, the steps it saved."""
+    calls = ", ".join(prompts.format_call(c) for c in list(repeated)[-4:])
+    return (
+        f"no progress: {stalled} steps in a row got only results this run had already seen"
+        + (f" ({calls})" if calls else "")
+        + f"; stopped early instead of spending the other {left} steps of the limit"
+    )
+
+
+def _call_event(step: int, call: Call) -> ToolCallEvent:
+    """The event of ``call`` (its id set) about to be sent to the executor."""
+    return ToolCallEvent(
+        step=step,
+        call_id=call.id or "",
+        tool=call.tool,
+        args=list(call.args),
+        kwargs=dict(call.kwargs),
+        text=prompts.format_call(call),
+    )
 
 
 def _reply_text(reply: ModelReply) -> tuple[str, str]:

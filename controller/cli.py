@@ -147,12 +147,20 @@ def _executor_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``ciayn`` command line: the top-level options and the run, call and tools commands."""
     parser = argparse.ArgumentParser(prog="ciayn", description=DESCRIPTION, epilog=CONFIG_EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     _common_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_run_parser(sub)
+    _add_call_parser(sub)
+    _add_tools_parser(sub)
+    return parser
 
+
+def _add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``ciayn run TASK``: the model, the backend, the run's limits and prompt, and how it is shown."""
     run = sub.add_parser("run", help="run an agent on a task", description=DESCRIPTION,
                          epilog=RUN_EPILOG + "\n" + CONFIG_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("task", help="what the agent should do")
@@ -192,6 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
     _executor_options(run)
     _common_options(run, top=False)
 
+
+def _add_call_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``ciayn call TEXT``: one tool call, written as Python call text, run in the executor."""
     call = sub.add_parser("call", help="run one tool call, written as Python call text",
                           description="Parse one call (the CIAYN grammar: literal arguments only) and run it in "
                           "the executor. Ctrl-C cancels the call at the executor.",
@@ -202,13 +213,15 @@ def build_parser() -> argparse.ArgumentParser:
     _executor_options(call)
     _common_options(call, top=False)
 
+
+def _add_tools_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``ciayn tools``: the executor's tools, with signatures and docs."""
     tools = sub.add_parser("tools", help="list the executor's tools",
                            description="List the tools an executor offers, with signatures and docs.",
                            epilog=CONFIG_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     tools.add_argument("--json", action="store_true", help="print the tool specs as JSON")
     _executor_options(tools)
     _common_options(tools, top=False)
-    return parser
 
 
 # ------------------------------------------------------------------------------------------ executor

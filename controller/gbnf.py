@@ -398,27 +398,30 @@ class _Builder:
         rule = self.name(f"call-{tool.name}")
         self.own[rule] = Lit("")  # reserve the position: a call before its parameters
         ws = self.ws()
+        by_position, must, keyword_items = self._parameters(tool)
+        args = self._arguments(by_position, must, keyword_items)
+        required_any = must > 0 or any(required for _, required in keyword_items)
+        if args is None:
+            body = seq(Lit(f"{tool.name}("), ws, Lit(")"))
+        elif required_any:
+            body = seq(Lit(f"{tool.name}("), ws, args, ws, Lit(")"))
+        else:
+            body = seq(Lit(f"{tool.name}("), ws, opt(seq(args, ws)), Lit(")"))
+        self.own[rule] = body
+        return Ref(rule)
+
+    def _parameters(self, tool: ToolSpec) -> tuple[list[Expr], int, list[tuple[Expr, bool]]]:
+        """The argument rules of ``tool``: the positional ones in order, how many of those must be
+        given, and the keyword ones, each with whether it is required. Positional slots up to the last
+        positional-only parameter are filled positionally, in order: slot k can only be given when
+        every slot before it is. The rest go by keyword; ``*args``/``**kwargs`` are never filled."""
         properties = tool.parameters.get("properties", {}) if isinstance(tool.parameters, Mapping) else {}
-
-        def argument(p: Param, by_keyword: bool) -> Expr:
-            hint = f"{tool.name}-{p.name}" if _IDENTIFIER.match(p.name) else f"{tool.name}-arg"
-            schema = properties.get(p.name) if isinstance(properties, Mapping) else None
-            if not by_keyword:
-                return self.typed(schema, 1, hint)
-            name = self.name(hint)
-            self.own[name] = Lit("")  # reserve the name and the position: before its value's rules
-            value = self.typed(schema, 1, f"{hint}-value")
-            self.own[name] = seq(Lit(p.name), self.ws(), Lit("="), self.ws(), value)
-            return Ref(name)
-
-        # Positional slots up to the last positional-only parameter are filled positionally, in order:
-        # slot k can only be given when every slot before it is. The rest go by keyword.
         slots = [p for p in tool.params if p.kind in ("positional_only", "positional_or_keyword")]
         last_only = max((i for i, p in enumerate(slots) if p.kind == "positional_only"), default=-1)
         positional = slots[: last_only + 1]
         positional_names = {p.name for p in positional}
         must = max((i for i, p in enumerate(positional) if p.required), default=-1) + 1
-        by_position = [argument(p, by_keyword=False) for p in positional]
+        by_position = [self._argument(tool, properties, p, by_keyword=False) for p in positional]
         keyword_items: list[tuple[Expr, bool]] = []
         for p in tool.params:
             if p.name in positional_names or p.kind.startswith("var_"):
@@ -430,8 +433,26 @@ class _Builder:
                         "as a keyword argument in a call."
                     )
                 continue
-            keyword_items.append((argument(p, by_keyword=True), p.required))
+            keyword_items.append((self._argument(tool, properties, p, by_keyword=True), p.required))
+        return by_position, must, keyword_items
 
+    def _argument(self, tool: ToolSpec, properties: Any, p: Param, by_keyword: bool) -> Expr:
+        """The rule for one argument of ``tool``: its value narrowed to its schema in ``properties``,
+        or (``by_keyword``) a rule of its own for ``name=value``."""
+        hint = f"{tool.name}-{p.name}" if _IDENTIFIER.match(p.name) else f"{tool.name}-arg"
+        schema = properties.get(p.name) if isinstance(properties, Mapping) else None
+        if not by_keyword:
+            return self.typed(schema, 1, hint)
+        name = self.name(hint)
+        self.own[name] = Lit("")  # reserve the name and the position: before its value's rules
+        value = self.typed(schema, 1, f"{hint}-value")
+        self.own[name] = seq(Lit(p.name), self.ws(), Lit("="), self.ws(), value)
+        return Ref(name)
+
+    def _arguments(self, by_position: list[Expr], must: int, keyword_items: list[tuple[Expr, bool]]) -> Expr | None:
+        """The argument list: the first ``must`` positional values, each later one only after the one
+        before it, then the keyword items in order (the required ones always), commas between; None
+        when the tool takes no arguments."""
         sep = self.sep()
 
         def keyword_tail(i: int) -> list[Expr]:  # after something was written: each with its comma
@@ -450,26 +471,15 @@ class _Builder:
                 return []
             return [opt(seq(sep, by_position[k], *optional_chain(k + 1)))]
 
-        args: Expr | None
         if must:
-            args = seq(
+            return seq(
                 by_position[0], *(seq(sep, v) for v in by_position[1:must]), *optional_chain(must), *keyword_tail(0)
             )
-        elif by_position:
+        if by_position:
             head = keyword_head(0)
             with_positional = seq(by_position[0], *optional_chain(1), *keyword_tail(0))
-            args = with_positional if head is None else alt(with_positional, head)
-        else:
-            args = keyword_head(0)
-        required_any = must > 0 or any(required for _, required in keyword_items)
-        if args is None:
-            body = seq(Lit(f"{tool.name}("), ws, Lit(")"))
-        elif required_any:
-            body = seq(Lit(f"{tool.name}("), ws, args, ws, Lit(")"))
-        else:
-            body = seq(Lit(f"{tool.name}("), ws, opt(seq(args, ws)), Lit(")"))
-        self.own[rule] = body
-        return Ref(rule)
+            return with_positional if head is None else alt(with_positional, head)
+        return keyword_head(0)
 
 
 _SHARED_NAMES = frozenset(

@@ -504,6 +504,30 @@ class _ReactRun(RunSkeleton):
 
     def _model_step(self, step: int) -> Generator[StepEvent, None, Finished | None]:
         """One model request: its text, usage and calls as events; a Finished when the run ends."""
+        reply = yield from self._ask_model(step)
+        if isinstance(reply, Finished):
+            return reply
+        self.calls = list(reply.tool_calls)
+        if self.dropped and not self.trim_noticed:
+            self.trim_noticed = True
+            yield Notice(f"History trimmed to fit the token budget: {self.dropped} older messages left out.")
+        text = yield from self._report_reply(step, reply)
+        yield from self._plan_calls(step, reply)
+        if reply.invalid_tool_calls:
+            note = yield from self._reject_invalid_calls(step, reply)
+            if not reply.tool_calls:
+                self.graph.update_state(self.config, {"messages": [HumanMessage(note)]}, as_node="tools")
+                return None
+            self.pending_note = note
+        if not reply.tool_calls:
+            if not text:
+                return self.tally.finished("failed", "the model replied with neither text nor a tool call")
+            return self.tally.finished("completed", FINAL_ANSWER, text)
+        return None
+
+    def _ask_model(self, step: int) -> Generator[StepEvent, None, AIMessage | Finished]:
+        """Resume the graph for one model request, retried on transient API errors; the model's reply,
+        or the run's end when the request failed, brought no message or the run was stopped."""
         a = self.agent
         try:
             updates = yield from self.await_model(
@@ -526,12 +550,12 @@ class _ReactRun(RunSkeleton):
         replies = [m for m in _messages(updates, "agent") if isinstance(m, AIMessage)]
         if not replies:
             return self.tally.finished("failed", f"the model {a.model_name!r} returned no message")
-        reply = replies[-1]
-        self.calls = list(reply.tool_calls)
-        if self.dropped and not self.trim_noticed:
-            self.trim_noticed = True
-            yield Notice(f"History trimmed to fit the token budget: {self.dropped} older messages left out.")
+        return replies[-1]
 
+    def _report_reply(self, step: int, reply: AIMessage) -> Generator[StepEvent, None, str]:
+        """The reply's text (with its reasoning under ``show_reasoning``) and its usage and cost as
+        events; its text."""
+        a = self.agent
         text, reasoning = split_content(reply.content)
         extra_reasoning = reply.additional_kwargs.get("reasoning_content")
         if isinstance(extra_reasoning, str) and extra_reasoning.strip():
@@ -544,7 +568,11 @@ class _ReactRun(RunSkeleton):
         if cost is None:
             cost = a.price(reply) if a.price is not None else 0.0
         yield self.tally.add_usage(step, int(usage.get("input_tokens", 0)), int(usage.get("output_tokens", 0)), cost)
+        return text
 
+    def _plan_calls(self, step: int, reply: AIMessage) -> Generator[StepEvent, None, None]:
+        """Decide which of the reply's tool calls run and report each: a call of an unknown tool, one
+        bundled against the rules or a ``no_repeat`` repeat is rejected; the bridge is told which."""
         decisions: list[tuple[str, Mapping[str, Any], str | None]] = []
         planned: list[Call] = []
         for tc in reply.tool_calls:
@@ -584,27 +612,19 @@ class _ReactRun(RunSkeleton):
             )
         assert self.bridge is not None
         self.bridge.plan(decisions)
-        if reply.invalid_tool_calls:
-            # Calls whose arguments did not parse were never dispatched (and are not sent back to the
-            # provider): tell the model in a user message and let it try again.
-            problems = []
-            for bad in reply.invalid_tool_calls:
-                name = bad.get("name") or "(no name)"
-                message = f"the arguments of this {name} call are not a valid JSON object: {bad.get('error') or ''}"
-                yield Rejected(
-                    step=step, text=f"{name}({bad.get('args') or ''})", message=message.strip(), code="bad_arguments"
-                )
-                problems.append(f"- {message.strip()}")
-            note = "These tool calls were not run:\n" + "\n".join(problems) + "\nSend them again with valid arguments."
-            if not reply.tool_calls:
-                self.graph.update_state(self.config, {"messages": [HumanMessage(note)]}, as_node="tools")
-                return None
-            self.pending_note = note
-        if not reply.tool_calls:
-            if not text:
-                return self.tally.finished("failed", "the model replied with neither text nor a tool call")
-            return self.tally.finished("completed", FINAL_ANSWER, text)
-        return None
+
+    def _reject_invalid_calls(self, step: int, reply: AIMessage) -> Generator[StepEvent, None, str]:
+        """Report the reply's calls whose arguments did not parse (they were never dispatched, and are
+        not sent back to the provider); the note that asks the model, in a user message, to try again."""
+        problems = []
+        for bad in reply.invalid_tool_calls:
+            name = bad.get("name") or "(no name)"
+            message = f"the arguments of this {name} call are not a valid JSON object: {bad.get('error') or ''}"
+            yield Rejected(
+                step=step, text=f"{name}({bad.get('args') or ''})", message=message.strip(), code="bad_arguments"
+            )
+            problems.append(f"- {message.strip()}")
+        return "These tool calls were not run:\n" + "\n".join(problems) + "\nSend them again with valid arguments."
 
     def _tools_step(self, step: int) -> Generator[StepEvent, None, Finished | None]:
         """Run the step's calls in the executor (in parallel); their results as events; a Finished when
