@@ -385,9 +385,7 @@ class WorkerPool:
             fds = fds[4:]
         elif isinstance(msg, Exited):
             self._exited(msg)
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        _close(fds)
 
     def _spawned(self, msg: Spawned, fds: list[int]) -> None:
         """-> READY: the template forked the worker it was asked for, and sent its descriptors
@@ -395,26 +393,20 @@ class WorkerPool:
         the template can write on its channel) is dropped."""
         if self.asked.pop(msg.worker, None) is None:
             log.warning("the template reported worker %d, which it was not asked for; ignored", msg.worker)
-            for fd in fds[:4]:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            _close(fds[:4])
             return
         host = self.pids.host(msg.pid, fds[3:4], self.keeper.host_pids)
         if host <= 0:
             log.warning("worker %d (pid %d in the template's namespace) was gone before it could be used",
                         msg.worker, msg.pid)
-            for fd in fds[:4]:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            _close(fds[:4])
             self._refill(urgent=bool(self.queued()))
             return
         try:  # tool code in the template can write on its channel: the descriptors are checked
             chan = _worker_channel(fds)
         except OSError as e:
             self.pids.forget(host)  # (closes its pidfd, fds[3], if it came with one)
-            for fd in fds[:3]:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            _close(fds[:3])
             self._replace_template(f"sent a worker's descriptors that are not its channel and pipes ({e})")
             return
         self.keeper.made_worker = True
@@ -636,3 +628,9 @@ def _worker_channel(fds: list[int]) -> socket.socket:
         chan.detach()
         raise OSError("the channel is not a Unix stream socket")
     return chan
+
+
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)

@@ -449,12 +449,9 @@ class _SchemaCheck:
         prefix = prefix if isinstance(prefix, list) else []
         items = schema.get("items")
         for i, item in enumerate(value):
-            part = prefix[i] if i < len(prefix) else items
-            if part is False:
-                return (i,), "is one item too many", item
-            found = self.problem(part, item)
+            found = self._part(i, prefix[i] if i < len(prefix) else items, item, "is one item too many")
             if found is not None:
-                return (i, *found[0]), found[1], found[2]
+                return found
         return None
 
     def _object(self, schema: dict[str, Any], value: dict[str, Any]) -> _Problem | None:
@@ -464,16 +461,21 @@ class _SchemaCheck:
         required = required if isinstance(required, list) and self._afford(len(required)) else ()
         for name in required:
             if isinstance(name, str) and name not in value:
-                return (), f"is missing the key {name!r}", value
+                return (), f"is missing the key {_shown(name)}", value
         extra = schema.get("additionalProperties", True)
         for key, item in value.items():
-            part = properties.get(key, extra)
-            if part is False:
-                return (key,), "is not an accepted key", item
-            found = self.problem(part, item)
+            found = self._part(key, properties.get(key, extra), item, "is not an accepted key")
             if found is not None:
-                return (key, *found[0]), found[1], found[2]
+                return found
         return None
+
+    def _part(self, at: Any, schema: Any, item: Any, refused: str) -> _Problem | None:
+        """What is wrong with the item at ``at`` of a list or map: ``refused`` where its schema is
+        ``false`` (no item may be there), else its own problem, with ``at`` in front of where."""
+        if schema is False:
+            return (at,), refused, item
+        found = self.problem(schema, item)
+        return None if found is None else ((at, *found[0]), found[1], found[2])
 
 
 _REPR = reprlib.Repr()

@@ -149,14 +149,14 @@ def _describe(chan: socket.socket, tools: dict[str, Tool], cgroups: str) -> bool
     schema says all every annotation checks (``schema_checks_it``), that happens in a child that
     exits once it has sent them: the template never maps pydantic, so no fork copies it. Otherwise
     here: such tools keep their spec, and their workers check arguments with it (``run_call``)."""
-    if all(schema_checks_it(t) for t in tools.values()):
-        pid = os.fork()
-        if pid == 0:
-            os._exit(0 if _send_specs(chan, tools, cgroups, checked=()) else 3)
-        _, status = os.waitpid(pid, 0)
-        return os.waitstatus_to_exitcode(status) == 0
     checked = [name for name, t in tools.items() if not schema_checks_it(t)]
-    return _send_specs(chan, tools, cgroups, checked)
+    if checked:
+        return _send_specs(chan, tools, cgroups, checked)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if _send_specs(chan, tools, cgroups, checked) else 3)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 def _send_specs(chan: socket.socket, tools: dict[str, Tool], cgroups: str, checked: Sequence[str]) -> bool:
