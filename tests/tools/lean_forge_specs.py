@@ -4,7 +4,7 @@ describe child can send the real one.
 
 The import forges when the executor's workspace (the working directory) holds ``forge-at`` naming
 the import's number (1: the first template's, 2: the first replacement's) and ``forge-specs``, the
-report's ``specs`` as JSON; it leaves ``forged`` then and waits (bounded) to be killed, unless
+report's ``specs`` as JSON; it leaves ``forged`` (before it sends), sends, and waits (bounded) to be killed, unless
 ``forge-then-go-on`` exists, when the import goes on and the template serves. Every import is
 counted in ``imports``."""
 
@@ -30,9 +30,9 @@ with open("imports") as _f:
     _number = len(_f.read().split())
 _at = Path("forge-at")
 if _at.exists() and int(_at.read_text()) == _number:
-    framing.send(channel(), ToolsLoaded(specs=json.loads(Path("forge-specs").read_text())).to_wire())
-    with open("forged", "a") as _f:
+    with open("forged", "a") as _f:  # first: the supervisor may kill us as soon as it has read the report
         _f.write(f"{os.getpid()}\n")
+    framing.send(channel(), ToolsLoaded(specs=json.loads(Path("forge-specs").read_text())).to_wire())
     if not os.path.exists("forge-then-go-on"):
         _deadline = time.monotonic() + 30  # the supervisor kills us now
         while time.monotonic() < _deadline:
