@@ -13,6 +13,7 @@ import pytest
 from controller import ExecutorClient
 from executor.workers.cgroups import CgroupSupport
 from protocol import Call
+from tests.conftest import TESTS
 
 SUPPORT = CgroupSupport.detect()
 pytestmark = pytest.mark.skipif(SUPPORT is None, reason="needs root and mounted cgroup hierarchies (memory/pids)")
@@ -75,3 +76,58 @@ def test_each_worker_has_its_groups_and_they_are_removed_with_the_executor(
         time.sleep(0.02)
     client.local.stop()  # type: ignore[attr-defined]
     assert _groups_of(welcome.executor) == []
+
+
+# ---------------------------------------------------------------- a dead worker's groups, reused
+
+REUSE = str(TESTS / "tools" / "cgroup_reuse.py")
+REUSE_CALLS = 12  # fresh workers on one slot: each group comes back within a few calls
+
+
+def _reusing(make_client: Callable[..., ExecutorClient]) -> ExecutorClient:
+    if SUPPORT is None or SUPPORT.memory_parent is None or SUPPORT.pids_parent is None:
+        pytest.skip("needs memory and pids groups")
+    return make_client(tools=[REUSE], workers=1, memory_mb=128, max_processes=40, timeout=20)
+
+
+def _value(client: ExecutorClient, tool: str, **kwargs: object) -> object:
+    result = client.call(Call(tool=tool, kwargs=kwargs))
+    assert result.ok, result
+    return result.value
+
+
+def test_a_dead_workers_clean_groups_are_a_later_workers(make_client: Callable[..., ExecutorClient]) -> None:
+    client = _reusing(make_client)
+    names = [_value(client, "groups") for _ in range(REUSE_CALLS)]
+    assert len(set(names)) < len(names), names  # making and removing groups costs more than a fork
+
+
+def test_groups_a_call_left_memory_charged_to_are_never_a_later_workers(
+        make_client: Callable[..., ExecutorClient]) -> None:
+    client = _reusing(make_client)
+    try:
+        left = _value(client, "leave_shared", mb=4)
+        later = [_value(client, "groups") for _ in range(REUSE_CALLS)]
+    finally:
+        for path in Path("/dev/shm").glob("ciayn-test-left-*"):
+            path.unlink()
+    assert left not in later, (left, later)
+    assert len(set(later)) < len(later), later  # the others were reused: the check above could fail
+
+
+def test_limits_a_root_tool_lifted_bind_the_next_worker_in_its_groups_again(
+        make_client: Callable[..., ExecutorClient]) -> None:
+    client = _reusing(make_client)
+    first = _value(client, "limits")
+    assert isinstance(first, dict)
+    first.pop("name")
+    lifted = _value(client, "lift_limits")
+    seen = []
+    for _ in range(REUSE_CALLS):
+        said = _value(client, "limits")
+        assert isinstance(said, dict)
+        seen.append(said.pop("name"))
+        assert said == first, (seen[-1], said)
+        if seen[-1] == lifted:
+            break
+    assert lifted in seen, (lifted, seen)  # the lifted groups came back, set again

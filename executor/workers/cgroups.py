@@ -2,7 +2,8 @@
 memory (caps the whole process tree; an OOM kill is answered ``memory``), pids (caps the number of
 processes, even for root) and, on v2, kill (the whole group at once). The template makes a worker's
 groups before it forks it (``CgroupSupport.create``), the worker joins them before any tool code runs
-(``Group.join``), and they are removed when the worker is gone. Without cgroups
+(``Group.join``); when it is gone they are removed, or kept for the next worker if nothing of
+its call is left in them (``Group.reusable``), their limits written again. Without cgroups
 ``CgroupSupport.detect()`` returns None and the executor relies on rlimits and the subreaper kill.
 Why and how: docs/executor.md#control-groups.
 """
@@ -21,6 +22,7 @@ ROOT = Path("/sys/fs/cgroup")
 PREFIX = "ciayn-"
 SWEEP_MIN_AGE = 60.0  # seconds: empty groups older than this are leftovers
 EMPTY_WAIT = 1.0  # seconds to wait for a killed group to empty before removing it
+REUSE_MAX_CHARGE = 1 << 20  # bytes a dead worker's memory group may still hold, beyond page cache, to be reused
 
 
 def _own_path(controller: str) -> str | None:
@@ -56,6 +58,7 @@ class Group:
     memory: str | Path | None
     pids: str | Path | None
     kill: str | Path | None
+    memory_v2: bool = False
 
     def paths(self) -> list[str | Path]:
         return [p for p in (self.memory, self.pids, self.kill) if p is not None]
@@ -89,6 +92,52 @@ class Group:
         if self.kill is not None:
             with contextlib.suppress(OSError):
                 procfs.write(f"{self.kill}/cgroup.kill", b"1")
+
+    def reusable(self) -> bool:
+        """Whether another worker may join these groups now that the last one is gone: no process is
+        left in any of them, and the memory group holds at most ``REUSE_MAX_CHARGE`` bytes that
+        reclaim cannot free (page cache it can; a file left in /dev/shm or kernel memory it cannot),
+        so that nothing a call left counts against the next. Ask only of a group no OOM kill hit
+        (``oom_killed`` counts over a group's whole life)."""
+        try:
+            if self.kill is not None:  # v2: whether a process is in the group or any group below it
+                if b"populated 0" not in procfs.read(f"{self.kill}/cgroup.events", 256):
+                    return False
+            elif any(procfs.read(f"{path}/cgroup.procs", 64) for path in self.paths()):
+                return False
+            if self.memory is None:
+                return True
+            usage = int(procfs.read(f"{self.memory}/{'memory.current' if self.memory_v2 else 'memory.usage_in_bytes'}"))
+            if usage <= REUSE_MAX_CHARGE:
+                return True
+            stat = dict(line.split() for line in procfs.read(f"{self.memory}/memory.stat").splitlines())
+            return usage - int(stat[b"active_file"]) - int(stat[b"inactive_file"]) <= REUSE_MAX_CHARGE
+        except (OSError, ValueError, KeyError):
+            return False
+
+    def limit(self, memory_mb: int, processes: int, again: bool = False) -> None:
+        """Write the limits. ``again``: on groups a dead worker had, whose tool, as root, may have
+        written their control files; the other files that bind a call are set back too (v1's OOM
+        killer turned off, v2's throttle, v2's freeze). Raises ``OSError``."""
+        memory, v2 = self.memory, self.memory_v2
+        if memory is not None:
+            limit = b"%d" % (memory_mb * 1024 * 1024)
+            if not v2 and again:  # memsw must stay at least the limit: lowered first if it was raised
+                with contextlib.suppress(OSError):
+                    procfs.write(f"{memory}/memory.memsw.limit_in_bytes", limit)
+            procfs.write(f"{memory}/{'memory.max' if v2 else 'memory.limit_in_bytes'}", limit)
+            if not v2:
+                with contextlib.suppress(OSError):  # no swap accounting on some kernels
+                    procfs.write(f"{memory}/memory.memsw.limit_in_bytes", limit)
+            else:
+                with contextlib.suppress(FileNotFoundError):  # no swap controller
+                    procfs.write(f"{memory}/memory.swap.max", b"0")
+            if again:
+                procfs.write(f"{memory}/{'memory.high' if v2 else 'memory.oom_control'}", b"max" if v2 else b"0")
+        if self.pids is not None:
+            procfs.write(f"{self.pids}/pids.max", b"%d" % processes)
+        if again and self.kill is not None:
+            procfs.write(f"{self.kill}/cgroup.freeze", b"0")
 
     def remove(self, wait: float = EMPTY_WAIT) -> bool:
         """Remove the groups, waiting up to ``wait`` for them to empty; whether all are gone."""
@@ -160,25 +209,16 @@ class CgroupSupport:
     def create(self, name: str, memory_mb: int, processes: int) -> Group:
         """Make one worker's groups (removing stale ones of the same name first)."""
         memory = self._make(self.memory_parent, name)
-        if memory is not None:
-            limit = b"%d" % (memory_mb * 1024 * 1024)
-            procfs.write(f"{memory}/{'memory.max' if self.memory_v2 else 'memory.limit_in_bytes'}", limit)
-            if not self.memory_v2:
-                with contextlib.suppress(OSError):  # no swap accounting on some kernels
-                    procfs.write(f"{memory}/memory.memsw.limit_in_bytes", limit)
-            else:
-                with contextlib.suppress(FileNotFoundError):  # no swap controller
-                    procfs.write(f"{memory}/memory.swap.max", b"0")
         pids = self._make(self.pids_parent, name) if self.pids_parent != self.memory_parent else memory
-        if pids is not None:
-            procfs.write(f"{pids}/pids.max", b"%d" % processes)
         if self.kill_parent in (self.memory_parent, self.pids_parent):
             kill = memory if self.kill_parent == self.memory_parent else pids
         else:
             kill = self._make(self.kill_parent, name)
         if kill is not None and not _has_kill(kill):
             kill = None
-        return Group(memory=memory, pids=pids, kill=kill)
+        group = Group(memory=memory, pids=pids, kill=kill, memory_v2=self.memory_v2)
+        group.limit(memory_mb, processes)
+        return group
 
     @staticmethod
     def _make(parent: Path | None, name: str) -> str | None:

@@ -177,21 +177,35 @@ def _send_specs(chan: socket.socket, tools: dict[str, Tool], cgroups: str, check
     return True
 
 
+SPARE_GROUPS = 16  # the most groups of dead workers kept for the next workers...
+SPARE_KEEP = 1.0  # ...each for at most this many seconds, then removed
+
+
 class _Workers:
-    """The template's live workers and their control groups."""
+    """The template's live workers and their control groups. A dead worker's groups that are found
+    clean (``Group.reusable``) are the next worker's: making and removing them costs more than a
+    fork. Those no worker takes within ``SPARE_KEEP`` are removed."""
 
     def __init__(self, cgroups: CgroupSupport | None, config: WorkerConfig) -> None:
         self.cgroups = cgroups
         self.config = config
         self.groups: dict[int, Group | None] = {}
         self.dying: list[Group] = []
+        self.spare: list[tuple[float, Group]] = []  # (when its worker was gone, the groups), oldest first
         self.count = 0
 
     def new_group(self, worker: int) -> Group | None:
         if self.cgroups is None:
             return None
-        self.count += 1
         limits = self.config.limits
+        while self.spare:
+            group = self.spare.pop()[1]
+            try:
+                group.limit(limits.memory_mb, limits.processes, again=True)
+                return group
+            except OSError:
+                self.dying.append(group)
+        self.count += 1
         try:
             return self.cgroups.create(f"{self.config.name}-{worker}-{self.count}", limits.memory_mb,
                                        limits.processes)
@@ -199,18 +213,32 @@ class _Workers:
             print(f"ciayn-executor: cannot make control groups for a worker ({e}); rlimits only", file=sys.stderr)
             return None
 
-    def gone(self, pid: int) -> bool:
-        """A worker died: kill its group and everything it left, remove the group. Returns whether
-        the kernel OOM-killed something in it."""
+    def gone(self, pid: int, usual: bool) -> bool:
+        """A worker died: kill its group and everything it left; keep the group for the next worker
+        if it died as workers do (``usual``: killed, or an exit without error; not a worker that
+        could not set itself up, which its group might be the cause of) and the group is clean,
+        otherwise remove it. Returns whether the kernel OOM-killed something in it."""
         group = self.groups.pop(pid, None)
         oom = group.oom_killed() if group is not None else False
         if group is not None:
             group.kill_all()
         self.sweep()
         if group is not None:
-            self.dying.append(group)
+            if usual and not oom and len(self.spare) < SPARE_GROUPS and group.reusable():
+                self.spare.append((time.monotonic(), group))
+            else:
+                self.dying.append(group)
         self.remove_dead_groups()
         return oom
+
+    def spare_due(self, now: float) -> float | None:
+        """Seconds until the oldest spare group is to be removed (None: there is none)."""
+        return max(0.0, self.spare[0][0] + SPARE_KEEP - now) if self.spare else None
+
+    def expire_spares(self, now: float) -> None:
+        while self.spare and now >= self.spare[0][0] + SPARE_KEEP:
+            self.dying.append(self.spare.pop(0)[1])
+        self.remove_dead_groups()
 
     def remove_dead_groups(self) -> None:
         """Remove the groups of dead workers that are empty now; one still holding a process that
@@ -223,12 +251,13 @@ class _Workers:
         kill_children(keep=frozenset(self.groups))
 
     def remove_all(self, wait: float = KILL_WAIT) -> None:
-        for group in [*self.groups.values(), *self.dying]:
+        for group in [*self.groups.values(), *self.dying, *(g for _, g in self.spare)]:
             if group is not None:
                 group.kill_all()
                 group.remove(wait)
         self.groups.clear()
         self.dying.clear()
+        self.spare.clear()
 
 
 def _template_loop(chan: socket.socket, tools: dict[str, Tool], pool: _Workers) -> None:
@@ -239,7 +268,9 @@ def _template_loop(chan: socket.socket, tools: dict[str, Tool], pool: _Workers) 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
-        ready, _, _ = select.select([chan.fileno(), wake_r], [], [])
+        ready, _, _ = select.select([chan.fileno(), wake_r], [], [], pool.spare_due(time.monotonic()))
+        if pool.spare:
+            pool.expire_spares(time.monotonic())
         if wake_r in ready:
             os.read(wake_r, 4096)
             if not _reap(chan, pool):
@@ -276,9 +307,9 @@ def _reap(chan: socket.socket, pool: _Workers) -> bool:
         if pid == 0:
             return True
         if pid in pool.groups:
-            oom = pool.gone(pid)
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+            oom = pool.gone(pid, usual=sig == signal.SIGKILL or code == 0)
             try:
                 exited = Exited(pid=pid, signal=sig, code=code, oom=oom, cpu_s=usage.ru_utime + usage.ru_stime,
                                 peak_rss_kb=usage.ru_maxrss)
