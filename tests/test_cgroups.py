@@ -131,3 +131,26 @@ def test_limits_a_root_tool_lifted_bind_the_next_worker_in_its_groups_again(
         if seen[-1] == lifted:
             break
     assert lifted in seen, (lifted, seen)  # the lifted groups came back, set again
+
+
+def test_groups_a_root_tool_made_inside_its_own_are_removed_with_them(
+        make_client: Callable[..., ExecutorClient]) -> None:
+    """Before, such a group kept its parent from ever being removed, and every later try cost the
+    template a wait: after about fifteen such calls the executor stopped answering."""
+    client = _reusing(make_client)
+    local = client.local  # type: ignore[attr-defined]
+    assert client.welcome is not None
+    try:
+        for _ in range(20):  # each leaves /dev/shm charged too, so that its groups are not kept but removed
+            assert client.call(Call(tool="nest", kwargs={"leave_shared_mb": 1}), timeout=5).ok
+    finally:
+        for path in Path("/dev/shm").glob("ciayn-test-left-*"):
+            path.unlink()
+    deadline = time.monotonic() + 5
+    while True:
+        workers = [p for p in psutil.Process(local.proc.pid).children(recursive=True) if p.ppid() != local.proc.pid]
+        names = {g.name for g in _groups_of(client.welcome.executor)}
+        if len(names) == len(workers) == 1:
+            break
+        assert time.monotonic() < deadline, (sorted(names), workers)
+        time.sleep(0.02)

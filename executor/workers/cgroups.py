@@ -140,7 +140,8 @@ class Group:
             procfs.write(f"{self.kill}/cgroup.freeze", b"0")
 
     def remove(self, wait: float = EMPTY_WAIT) -> bool:
-        """Remove the groups, waiting up to ``wait`` for them to empty; whether all are gone."""
+        """Remove the groups, and the groups a root tool made inside them, waiting up to ``wait``
+        for them to empty; whether all are gone."""
         deadline = time.monotonic() + wait
         gone = True
         for path in self.paths():
@@ -150,12 +151,27 @@ class Group:
                     break
                 except FileNotFoundError:
                     break
-                except OSError:  # still populated (processes exiting): retry briefly
+                except OSError:  # groups inside it, or still populated (processes exiting): retry briefly
+                    if _remove_inner(str(path)):
+                        continue
                     if time.monotonic() > deadline:
                         gone = False
                         break
                     time.sleep(0.005)
         return gone
+
+
+def _remove_inner(path: str) -> bool:
+    """Remove the empty groups inside ``path``, deepest first; whether it removed any. A tool that
+    made one (as root, in the default profile) would otherwise keep its worker's groups from ever
+    being removed, and each try of that costs whoever tries (the template, the supervisor) a wait."""
+    removed = False
+    for inner, _, _ in os.walk(path, topdown=False):
+        if inner != path:
+            with contextlib.suppress(OSError):
+                os.rmdir(inner)
+                removed = True
+    return removed
 
 
 @dataclass(frozen=True)
@@ -243,6 +259,7 @@ class CgroupSupport:
             for child in parent.glob(f"{PREFIX}*"):
                 with contextlib.suppress(OSError):
                     if child.stat().st_mtime < cutoff:
+                        _remove_inner(str(child))
                         child.rmdir()
                         removed += 1
         return removed
