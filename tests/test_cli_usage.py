@@ -37,6 +37,11 @@ DONE = 'complete_task(summary="all done")'
 # How long a ``ciayn`` child may take to get going (Python, litellm's import, a private executor, the
 # first model request): seconds when the machine is idle, much longer beside a parallel test suite.
 START_S = 60
+# How long a whole ``ciayn`` run may take to exit: START_S, the run, and the interpreter's exit after
+# litellm (seconds of finalising its modules, no system call; 6-11 s on a loaded 2-core machine, where
+# whole runs took 35-50 s and one on CI passed 60 s after printing its summary).
+RUN_S = 110
+TWO_RUNS_S = 2 * RUN_S + 30  # pytest's own timeout (120 s) for a test that runs ciayn twice in turn
 
 
 def wait_for(condition: Callable[[], bool], within: float, what: str, c: Ciayn | None = None) -> None:
@@ -322,14 +327,15 @@ def test_both_commands_write_defaults_and_metavars_one_way() -> None:
     assert executor_cli.build_parser().parse_args(["serve", "--tools", "x", "--bind", "ipc:///x", "-v"]).verbose == 1
 
 
+@pytest.mark.timeout(TWO_RUNS_S)
 def test_the_default_log_level_is_info_without_the_model_libraries_lines(
     ciayn: Callable[..., Ciayn], workspace: Path
 ) -> None:
     with LLMStub([DONE, DONE]) as stub:
         quiet = ciayn(*run_argv(stub.api_base, workspace))
-        assert quiet.wait(START_S) == 0, quiet.err
+        assert quiet.wait(RUN_S) == 0, quiet.err
         loud = ciayn(*run_argv(stub.api_base, workspace, "-v"))
-        assert loud.wait(START_S) == 0, loud.err
+        assert loud.wait(RUN_S) == 0, loud.err
     assert "httpx" not in quiet.err and "LiteLLM" not in quiet.err, quiet.err  # they log each request at info
     assert " DEBUG " in loud.err and "httpx" in loud.err, loud.err[-2000:]
 
@@ -401,16 +407,17 @@ def test_environment_settings_reach_a_real_run(
     assert log_lines(workspace) == ["complete all done"]
 
 
+@pytest.mark.timeout(TWO_RUNS_S)
 def test_output_off_a_terminal_has_timestamps_no_colour_codes_and_no_hard_wrap(
     ciayn: Callable[..., Ciayn], workspace: Path
 ) -> None:
     long_line = "append_line(text='" + "x" * 150 + "')"
     with LLMStub([long_line, DONE]) as stub:
         c = ciayn(*run_argv(stub.api_base, workspace))
-        assert c.wait(60) == 0, c.err
+        assert c.wait(RUN_S) == 0, c.err
         j = ciayn(*run_argv(stub.api_base, workspace, "--json"))
         stub.add(long_line, DONE)
-        assert j.wait(60) == 0, j.err
+        assert j.wait(RUN_S) == 0, j.err
     assert "\x1b[" not in c.out
     assert any(long_line in line for line in c.out.splitlines())  # one line, not wrapped at 80 columns
     events = [json.loads(line) for line in j.out.splitlines()]
@@ -418,13 +425,14 @@ def test_output_off_a_terminal_has_timestamps_no_colour_codes_and_no_hard_wrap(
     assert [e["event"] for e in events if e["event"] in ("step", "finished")] == ["step", "step", "finished"]
 
 
+@pytest.mark.timeout(TWO_RUNS_S)
 def test_ciayn_call_off_a_terminal_writes_long_lines_whole(ciayn: Callable[..., Ciayn], workspace: Path) -> None:
     long_text = "w" * 150
     base = ["--tools", CIAYN_TOOLS, "--workspace", str(workspace)]
     told = ciayn("call", f"tell(text='{long_text}')", *base)  # stdout and stderr are files, not a terminal
-    assert told.wait(START_S) == 0, told.err
+    assert told.wait(RUN_S) == 0, told.err
     failed = ciayn("call", f"fail(message='{long_text}')", *base)
-    assert failed.wait(START_S) == 1, failed.err
+    assert failed.wait(RUN_S) == 1, failed.err
     assert told.out.splitlines() == ["told"]
     assert any(f"signal note: {long_text}" in line for line in told.err.splitlines()), told.err
     assert any(line.startswith("tool_error") and long_text in line for line in failed.err.splitlines()), failed.err
