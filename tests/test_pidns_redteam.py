@@ -120,17 +120,28 @@ class Served:
     def __init__(self) -> None:
         self.executors: list[LocalExecutor] = []
         self.namespaces: set[str] = set()
+        self.pins: list[int] = []  # a descriptor on each noted namespace: its number is not reused
         self.ids: set[str] = set()
         self.groups: list[Path] = []
 
     def note(self, local: LocalExecutor) -> None:
-        """Remember the PID namespaces under this executor now (a replaced template has a new one)."""
+        """Remember the PID namespaces under this executor now (a replaced template has a new one).
+
+        Each is held open until the clean-up: the kernel gives a dead namespace's number to the next
+        one made, and a parallel test's executor in it would look like a process of ours left behind."""
         assert local.proc is not None
         with contextlib.suppress(psutil.NoSuchProcess):
             for p in psutil.Process(local.proc.pid).children(recursive=True):
-                ns = _namespace_of(p.pid)
-                if ns and ns != HOST_PIDNS:
+                try:
+                    fd = os.open(f"/proc/{p.pid}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    continue
+                ns = os.readlink(f"/proc/self/fd/{fd}")
+                if ns != HOST_PIDNS and ns not in self.namespaces:
                     self.namespaces.add(ns)
+                    self.pins.append(fd)
+                else:
+                    os.close(fd)
 
     def group(self, hierarchy: Path) -> Path:
         group = hierarchy / f"{MARK}{uuid.uuid4().hex[:8]}"
@@ -192,6 +203,8 @@ class Served:
             wait_until("every process of the test's executors and their namespaces to be gone",
                        lambda: not _running_our_tools() and not _in_namespaces(self.namespaces), timeout=10)
         finally:
+            for fd in self.pins:
+                os.close(fd)
             self._remove_groups()
 
     def _remove_groups(self) -> None:
