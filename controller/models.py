@@ -286,6 +286,19 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(status, int) and status >= 500
 
 
+def _refused(exc: BaseException) -> bool:
+    """Whether a connection was refused outright, anywhere in the exception's chain: litellm says
+    "Connection error" over the openai SDK's error, over httpx's, over the ``ConnectionRefusedError``."""
+    seen: BaseException | None = exc
+    for _ in range(16):  # a chain is a few links; a cycle or a very long one ends here
+        if seen is None:
+            return False
+        if isinstance(seen, ConnectionRefusedError) or "connection refused" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _one_paragraph(text: str) -> str:
     text = " ".join(text.split())
     text = re.sub(r"^(litellm\.\w+:\s*)+", "", text)
@@ -365,7 +378,7 @@ def with_retries(
             raise
         except Exception as e:
             attempt += 1
-            refused = "connection refused" in str(e).lower() or isinstance(e, ConnectionRefusedError)
+            refused = _refused(e)
             if not is_transient(e) or attempt > (min(retries, 1) if refused else retries):
                 raise model_error(e, model, attempts=attempt, api_base=api_base) from e
             delay = min(cap_s, base_s * 2 ** (attempt - 1)) * (1 + random.random() / 10)

@@ -24,6 +24,7 @@ from controller.models import (
     split_think,
     with_retries,
 )
+from tests.support.net import free_port
 
 MESSAGES = [{"role": "user", "content": "read README.md"}]
 
@@ -295,3 +296,20 @@ def test_litellm_model_over_real_http(monkeypatch: pytest.MonkeyPatch) -> None:
             model.complete(MESSAGES)
         assert caught.value.status == 400 and "grammar not supported" in str(caught.value)
         assert len(stub.requests) == 3
+
+
+def test_a_connection_refused_through_litellm_is_tried_at_most_twice() -> None:
+    """litellm says "Connection error"; the refusal is the ``ConnectionRefusedError`` at the end of
+    the chain. A server that is down stays down for the seconds a backoff waits."""
+    litellm = import_litellm()
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    attempts: list[float] = []
+
+    def request() -> Any:
+        attempts.append(1)
+        return litellm.completion(model="openai/stub", api_base=url, api_key="sk-none", max_retries=0,
+                                  messages=[{"role": "user", "content": "hi"}])
+
+    with pytest.raises(ModelError):
+        with_retries(request, model="openai/stub", retries=4, base_s=0, sleep=lambda s: None)
+    assert len(attempts) == 2, f"{len(attempts)} attempts"
