@@ -100,10 +100,11 @@ class Group:
         so that nothing a call left counts against the next. Ask only of a group no OOM kill hit
         (``oom_killed`` counts over a group's whole life)."""
         try:
-            if self.kill is not None:  # v2: whether a process is in the group or any group below it
-                if b"populated 0" not in procfs.read(f"{self.kill}/cgroup.events", 256):
-                    return False
-            elif any(procfs.read(f"{path}/cgroup.procs", 64) for path in self.paths()):
+            # v2: whether a process is in the group or any group below it
+            if self.kill is not None and b"populated 0" not in procfs.read(f"{self.kill}/cgroup.events", 256):
+                return False
+            # v1 (a process can leave the v2 group and stay in these): its members, not those below
+            if any(procfs.read(f"{path}/cgroup.procs", 64) for path in {self.memory, self.pids} - {self.kill, None}):
                 return False
             if self.memory is None:
                 return True
