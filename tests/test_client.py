@@ -25,7 +25,7 @@ import pytest
 from controller import ExecutorClient, ExecutorStartError, ExecutorUnavailable, LocalExecutor
 from controller.client import DEADLINE_GRACE, SILENCE_BEFORE_RECONNECT, UNAVAILABLE_AFTER
 from executor.status import fetch
-from protocol import Call
+from protocol import Call, Result
 from tests.support.executors import local_of
 from tests.support.processes import alive
 from tests.support.waiting import wait_for
@@ -282,6 +282,19 @@ def test_close_answers_calls_in_flight_and_later_calls(make_client: Callable[...
     assert r.error is not None and r.error.kind == "cancelled"
     r = client.call(Call(tool="noop"))
     assert r.error is not None and r.error.kind == "unavailable"
+
+
+def test_close_answers_a_call_another_thread_waits_on(make_client: Callable[..., ExecutorClient]) -> None:
+    """That thread runs the client's loop itself (nobody else does): closing must reach it there."""
+    client = make_client(tools=[FAULTY])
+    results: list[Result] = []
+    waiting = threading.Thread(target=lambda: results.append(client.call(Call(tool="sleep_forever"), timeout=30)))
+    waiting.start()
+    wait_for(lambda: fetch(client.endpoint).busy == 1, 10, "the call to run")
+    client.close()
+    waiting.join(5)
+    assert not waiting.is_alive(), "the call was never answered"
+    assert results[0].error is not None and results[0].error.kind == "cancelled", results[0]
 
 
 def test_tools_raises_when_no_executor_answers(tmp_path: Path) -> None:

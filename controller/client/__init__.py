@@ -1,6 +1,7 @@
-"""The executor client: thread-safe, one I/O thread owns the DEALER socket, every call gets an answer.
+"""The executor client: thread-safe, one loop owns the DEALER socket, every call gets an answer.
 
-Callers submit calls from any thread and get ``Future[Result]``. The I/O thread sends them, pings
+Callers submit calls from any thread and get ``Future[Result]`` (``call`` runs the loop itself
+while no other thread does). The loop sends them, pings
 the executor every ``HEARTBEAT_INTERVAL`` whether or not calls are in flight, and follows the Lazy
 Pirate pattern when the executor falls silent: it reconnects with a fresh socket under the same
 routing id (so the executor's answers to calls sent before still reach it) and, once the executor
@@ -17,8 +18,8 @@ wait longer than asked or hold more than one bounded message at a time. The clie
 on executor trouble, except ``tools()``, which has no result to carry the error and raises
 ``ExecutorUnavailable``.
 
-The modules, each with one job: ``executorclient`` (the public API), ``connection`` (the I/O thread and
-its socket), ``link`` (every timing constant, and the Lazy Pirate machine that says when to ping,
+The modules, each with one job: ``executorclient`` (the public API), ``connection`` (the loop, its I/O
+thread and its socket), ``link`` (every timing constant, and the Lazy Pirate machine that says when to ping,
 reconnect, resend and give up), ``inflight`` (the table of calls in flight, each answered once),
 ``welcome`` (what the executor said about itself). The names below are the package's API; the timing
 constants are those ``protocol/SPEC.md`` states.

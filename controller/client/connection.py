@@ -1,12 +1,15 @@
-"""The client's I/O thread: the one owner of its DEALER socket.
+"""The client's loop: the one owner of its DEALER socket.
 
-Callers post operations (``call``, ``cancel``, ``hello``, ``close``) from any thread; the thread sends
-what is queued in order, never dropping a message (``zmq.Again`` only means later), takes what the
-executor sends for a bounded time per turn (one bounded message at a time), and follows the ``Link``
-(``link.py``) for pings, reconnects and giving up, and the ``InFlight`` table (``inflight.py``) for
-deadlines. If the thread fails, every call it holds or is handed later is answered ``unavailable``.
+Callers post operations (``call``, ``cancel``, ``hello``, ``close``) from any thread. Whoever holds
+the loop runs it: the I/O thread while something is awaited that no caller waits for on the loop,
+otherwise the caller of ``drive`` (``ExecutorClient.call``), which sends its call and takes what the
+executor sends until its own answer is in, sparing each call two switches between threads. The loop
+sends what is queued in order, never dropping a message (``zmq.Again`` only means later), takes what
+the executor sends for a bounded time per turn (one bounded message at a time), and follows the
+``Link`` (``link.py``) for pings, reconnects and giving up, and the ``InFlight`` table
+(``inflight.py``) for deadlines. If the loop fails, every call it holds or is handed later is
+answered ``unavailable``.
 """
-
 from __future__ import annotations
 
 import collections
@@ -14,9 +17,11 @@ import contextlib
 import logging
 import os
 import queue
+import select
 import threading
 import time
 import uuid
+from concurrent.futures import Future
 from typing import Any
 
 import zmq
@@ -24,17 +29,18 @@ import zmq
 from controller.client.inflight import InFlight
 from controller.client.link import RECV_BUDGET_S, RECV_HWM, Link, Meeting, Step
 from controller.client.welcome import Introduction
-from protocol import Cancel, Hello, Ping, Pong, ProtocolError, Result, Welcome, decode, encode
+from protocol import Call, Cancel, Hello, Ping, Pong, ProtocolError, Result, Welcome, decode, encode
 from protocol.wire import LogBudget, bound_socket, ipc_owner_problem, ipc_path, recv_message
 
 log = logging.getLogger("ciayn.client")
 
 
 class Connection:
-    """The socket side of one ``ExecutorClient``: its I/O thread and what only that thread touches.
+    """The socket side of one ``ExecutorClient``: its loop, and what only the loop touches (the
+    socket, the outbox, the calls in flight, the link), run by whoever holds ``_io``.
 
     ``__init__`` opens a socket once and closes it, so that an endpoint or key ZeroMQ refuses is the
-    caller's ``ValueError`` there, not a failure in the thread; ``start`` starts the thread."""
+    caller's ``ValueError`` there, not a failure in the loop; ``start`` starts the I/O thread."""
 
     def __init__(self, endpoint: str, curve_server_key: bytes | None, curve_keys: tuple[bytes, bytes] | None) -> None:
         self.endpoint = endpoint
@@ -61,13 +67,28 @@ class Connection:
         self._complaints = LogBudget(log, "complaints about messages from the executor")
         self.closed = False
         self.failed = ""
+        # Whoever holds ``_io`` runs the loop: the I/O thread, or a caller of ``drive`` while the
+        # thread is parked (waiting on ``_parked``: posts and the next heartbeat only).
+        self._io = threading.Lock()
+        self._ended = False
+        self._sock: zmq.Socket[bytes] | None = None
+        self._poller = zmq.Poller()
+        self._poller.register(self._wake_r, zmq.POLLIN)
+        self._parked = select.poll()
+        self._parked.register(self._wake_r, select.POLLIN)
         self._thread = threading.Thread(target=self._run, name="ciayn-client-io", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def post(self, op: str, arg: Any) -> None:
+        """Hand an operation to whoever runs the loop (waking it)."""
         self._inbox.put((op, arg))
+        if self._ended:  # nobody will run the loop again
+            self._answer_posted()
+        self._wake()
+
+    def _wake(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._wake_w, b"x")
 
@@ -111,66 +132,127 @@ class Connection:
             raise
         return sock
 
-    # ---------------------------------------------------------------- the thread
+    # ---------------------------------------------------------------- who runs the loop
+
+    def drive(self, call: Call, future: Future[Result]) -> None:
+        """Run a call on the calling thread when nobody else runs the loop (``_io`` is free): it
+        sends the call and takes what the executor sends until its own answer is in, sparing the
+        call two switches between threads. Otherwise the call is posted to whoever runs the loop.
+        Returns once ``future`` is set, or the call posted."""
+        if not self._io.acquire(blocking=False):
+            self.post("call", (call, future))
+            return
+        try:
+            if self._ended:
+                future.set_result(Result.failure(call.id or "", "unavailable", self.failed or "the client is closed"))
+                return
+            self._take_call(call, future, time.monotonic())
+            self._flush(self._sock) if self._sock is not None else None
+            go_on = True
+            while go_on and not future.done():
+                go_on = self._turn(block=True)
+            if not go_on:
+                self._end()
+        except Exception as e:  # a bug here must not leave callers waiting forever
+            self._fail(e)
+        finally:
+            handover = not self._ended and self._watched()
+            self._io.release()
+            if handover:  # calls of other threads are in flight: the I/O thread takes them over
+                self._wake()
 
     def _run(self) -> None:
-        try:
-            self._loop()
-        except Exception as e:  # a bug here must not leave callers waiting forever
-            log.exception("the executor client's I/O thread failed")
-            self.failed = f"the executor client failed: {type(e).__name__}: {e}"
-        finally:
-            self.closed = True
-            while True:  # calls submitted while the loop was ending
+        """The I/O thread: it runs the loop while something is awaited that no caller waits for on
+        the loop (a submitted call, a call posted by a caller while another ran the loop, the
+        welcome); otherwise it only wakes for heartbeats and posts, and the loop is free for
+        ``drive``."""
+        while True:
+            with self._io:
+                if self._ended:
+                    return
                 try:
-                    op, arg = self._inbox.get_nowait()
-                except queue.Empty:
-                    break
-                if op == "call":
-                    call, future = arg
-                    if not future.done():
-                        why = self.failed or "the client is closed"
-                        future.set_result(Result.failure(call.id or "", "unavailable", why))
+                    go_on = self._turn(block=False)
+                    while go_on and self._watched():
+                        go_on = self._turn(block=True)
+                    if not go_on:
+                        self._end()
+                        return
+                except Exception as e:  # a bug here must not leave callers waiting forever
+                    self._fail(e)
+                    return
+                wait = self._due(time.monotonic()) - time.monotonic()
+            self._parked.poll(max(0, int(wait * 1000) + 1))
 
-    def _loop(self) -> None:
-        sock = self._new_socket()
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
-        link, in_flight = self.link, self._in_flight
-        link.last_heard = link.last_reconnect = time.monotonic()
-        try:
-            while True:
-                now = time.monotonic()
-                wait = min(link.next_ping, in_flight.next_deadline(self.introduction.apply_grace())) - now
-                poller.modify(sock, zmq.POLLIN | (zmq.POLLOUT if self._outbox else 0))
-                events = dict(poller.poll(max(0, int(wait * 1000) + 1)))
-                now = time.monotonic()
-                if self._wake_r in events:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
-                if not self._drain_inbox(now):
-                    break
-                if sock in events and events[sock] & zmq.POLLIN:
-                    self._receive(sock)
-                self._complaints.flush(now)
-                for step in link.tick(now, bool(in_flight)):
-                    if step is Step.RECONNECT:
-                        sock = self._reconnect(poller, sock, now)
-                    elif step is Step.GIVE_UP:
-                        in_flight.give_up_all(link.silence(now))
-                    elif step is Step.PING:
-                        self._queue(Ping(nonce=int(now * 1000)))
-                    else:
-                        self._queue(Hello(client="ciayn"))
-                in_flight.expire(now, self.introduction.apply_grace(),
-                                 None if link.heard_once else link.silence(now))
-                self._flush(sock)
-        finally:
-            in_flight.close()
-            sock.close(0)
+    def _watched(self) -> bool:
+        """Whether the loop must go on watching the socket for someone who is not running it."""
+        return bool(self._in_flight) or bool(self._outbox) or self.introduction.welcome is None \
+            or self.link.welcome_due
 
-    def _reconnect(self, poller: zmq.Poller, sock: zmq.Socket[bytes], now: float) -> zmq.Socket[bytes]:
+    def _due(self, now: float) -> float:
+        return min(self.link.next_ping, self._in_flight.next_deadline(self.introduction.apply_grace()))
+
+    def _fail(self, e: Exception) -> None:
+        log.exception("the executor client's I/O loop failed")
+        self.failed = f"the executor client failed: {type(e).__name__}: {e}"
+        self._end()
+
+    def _end(self) -> None:
+        """The loop is over (closed, or failed): calls in flight are answered ``cancelled``, calls
+        posted since ``unavailable``; the socket is closed."""
+        self.closed = self._ended = True
+        self._in_flight.close()
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+        self._answer_posted()
+
+    def _answer_posted(self) -> None:
+        why = self.failed or "the client is closed"
+        while True:
+            try:
+                op, arg = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if op == "call":
+                call, future = arg
+                if not future.done():
+                    future.set_result(Result.failure(call.id or "", "unavailable", why))
+
+    def _turn(self, block: bool) -> bool:
+        """One turn of the loop, by whoever holds ``_io``: wait (``block``: until something happens
+        or is due) and act on it. False once the client is closing."""
+        if self._sock is None:
+            self._sock = self._new_socket()
+            self._poller.register(self._sock, zmq.POLLIN)
+            self.link.last_heard = self.link.last_reconnect = time.monotonic()
+        sock, link, in_flight = self._sock, self.link, self._in_flight
+        now = time.monotonic()
+        wait = self._due(now) - now if block else 0
+        self._poller.modify(sock, zmq.POLLIN | (zmq.POLLOUT if self._outbox else 0))
+        events = dict(self._poller.poll(max(0, int(wait * 1000) + 1) if block else 0))
+        now = time.monotonic()
+        if self._wake_r in events:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 4096)
+        if not self._drain_inbox(now):
+            return False
+        if sock in events and events[sock] & zmq.POLLIN:
+            self._receive(sock)
+        self._complaints.flush(now)
+        for step in link.tick(now, bool(in_flight)):
+            if step is Step.RECONNECT:
+                sock = self._reconnect(sock, now)
+            elif step is Step.GIVE_UP:
+                in_flight.give_up_all(link.silence(now))
+            elif step is Step.PING:
+                self._queue(Ping(nonce=int(now * 1000)))
+            else:
+                self._queue(Hello(client="ciayn"))
+        in_flight.expire(now, self.introduction.apply_grace(), None if link.heard_once else link.silence(now))
+        self._flush(sock)
+        return True
+
+    def _reconnect(self, sock: zmq.Socket[bytes], now: float) -> zmq.Socket[bytes]:
         """Lazy Pirate: a fresh socket under the same routing id, unless someone else's socket now sits
         at the endpoint: then nothing is said to it, and every call in flight is given up."""
         problem = self._endpoint_problem()
@@ -178,10 +260,10 @@ class Connection:
             log.error("%s", problem)
             self._in_flight.give_up_all(problem)
             return sock
-        poller.unregister(sock)
+        self._poller.unregister(sock)
         sock.close(0)
-        sock = self._new_socket()
-        poller.register(sock, zmq.POLLIN)
+        self._sock = sock = self._new_socket()
+        self._poller.register(sock, zmq.POLLIN)
         log.info("executor at %s silent for %.1fs; reconnected", self.endpoint, now - self.link.last_heard)
         self.link.reconnected()
         self._queue(Hello(client="ciayn"))
@@ -196,22 +278,26 @@ class Connection:
                 return True
             if op == "call":
                 call, future = arg
-                if self._in_flight.join(call.id or "", future):  # submit() gave it an id
-                    continue
-                timeout = call.timeout or self.introduction.tool_timeout(call.tool)
-                try:
-                    frames = encode(call)
-                except ProtocolError as e:  # it can never be sent: say so now, not after the deadline
-                    future.set_result(Result.failure(call.id or "", "protocol", f"the call was not sent: {e}"))
-                    continue
-                self._in_flight.add(call, future, self.link.deadline(now, timeout), self.link.incarnation)
-                self._outbox.append((frames, call.id))
+                self._take_call(call, future, now)
             elif op == "cancel":
                 self._queue(Cancel(id=arg))
             elif op == "hello":
                 self._queue(Hello(client="ciayn"))
             elif op == "close":
                 return False
+
+    def _take_call(self, call: Call, future: Future[Result], now: float) -> None:
+        """Put a call (its id set) in flight and in the outbox."""
+        if self._in_flight.join(call.id or "", future):  # a call of that id is in flight: its answer is this one's
+            return
+        timeout = call.timeout or self.introduction.tool_timeout(call.tool)
+        try:
+            frames = encode(call)
+        except ProtocolError as e:  # it can never be sent: say so now, not after the deadline
+            future.set_result(Result.failure(call.id or "", "protocol", f"the call was not sent: {e}"))
+            return
+        self._in_flight.add(call, future, self.link.deadline(now, timeout), self.link.incarnation)
+        self._outbox.append((frames, call.id))
 
     def _queue(self, msg: Any) -> None:
         try:

@@ -1,5 +1,6 @@
 """``ExecutorClient``, the public face of the client: checks what callers hand it, and answers at once
-what can never be sent; everything else goes to its I/O thread (``connection.py``) as a future.
+what can never be sent; everything else goes to its loop (``connection.py``) as a future, run by the
+caller of ``call`` itself when no other thread runs it.
 """
 
 from __future__ import annotations
@@ -79,11 +80,26 @@ class ExecutorClient:
     def submit(self, call: Call, timeout: float | None = None) -> Future[Result]:
         """Send a call; the future always resolves to a Result (never an exception). A call with an
         invalid id or timeout is answered at once (``protocol``, ``bad_arguments``), never sent."""
+        call, future = self._prepare(call, timeout)
+        if not future.done():
+            self._conn.post("call", (call, future))
+        return future
+
+    def call(self, call: Call, timeout: float | None = None) -> Result:
+        """Run a call and wait for its result (on this thread, when no other runs the client's loop)."""
+        call, future = self._prepare(call, timeout)
+        if not future.done():
+            self._conn.drive(call, future)
+        return future.result()
+
+    def _prepare(self, call: Call, timeout: float | None) -> tuple[Call, Future[Result]]:
+        """The call as it is sent (its id and timeout set) and its future, already answered if the
+        call can never be sent."""
         future: Future[Result] = Future()
         if call.id and valid_id(call.id) is None:
             future.set_result(Result.failure("", "protocol", f"the call was not sent: its id {call.id[:40]!r} is "
                                              f"not a valid call id ({ID_PATTERN})"))
-            return future
+            return call, future
         cid = call.id or uuid.uuid4().hex
         call = call.model_copy(update={"id": cid})
         if timeout is not None:
@@ -93,16 +109,9 @@ class ExecutorClient:
         if call.timeout is not None and not valid_timeout(call.timeout):
             future.set_result(Result.failure(cid, "bad_arguments", f"the call was not sent: its timeout "
                                              f"{call.timeout!r} is not a number of seconds in (0, {MAX_TIMEOUT_S:g}]"))
-            return future
-        if self._conn.closed:
+        elif self._conn.closed:
             future.set_result(Result.failure(cid, "unavailable", "the client is closed"))
-            return future
-        self._conn.post("call", (call, future))
-        return future
-
-    def call(self, call: Call, timeout: float | None = None) -> Result:
-        """Run a call and wait for its result."""
-        return self.submit(call, timeout).result()
+        return call, future
 
     def call_text(self, text: str, timeout: float | None = None) -> Result:
         """Parse one line of call text against the executor's tools and run it. A rejected text

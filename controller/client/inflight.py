@@ -1,6 +1,6 @@
 """The calls in flight: one entry per call id, each answered exactly once (at most once on the executor).
 
-A call is in the table from the moment the I/O thread takes it until its future is set: by the
+A call is in the table from the moment the client's loop takes it until its future is set: by the
 executor's answer, its deadline (``timeout``, cancelled on the executor if it was sent), silence
 (``unavailable``), a restart of the executor (``unavailable``, unless the tool is idempotent and the
 new incarnation takes it over) or closing the client (``cancelled``). A call the executor may hold is
@@ -28,7 +28,7 @@ class Pending:
 
 
 class InFlight:
-    """The pending-call table of one client; used by its I/O thread only. ``cancel(call_id)`` queues a
+    """The pending-call table of one client; used by whoever runs its loop only. ``cancel(call_id)`` queues a
     cancel for the executor."""
 
     def __init__(self, cancel: Callable[[str], None]) -> None:

@@ -1,7 +1,7 @@
 """The client's link to its executor: every timing constant of the client, and the Lazy Pirate machine.
 
 The machine (``protocol/SPEC.md``, "Heartbeats and reconnection") knows only time and what was heard;
-the I/O thread (``connection.py``) acts on what it says. A ``ping`` goes every ``HEARTBEAT_INTERVAL``;
+the client's loop (``connection.py``) acts on what it says. A ``ping`` goes every ``HEARTBEAT_INTERVAL``;
 after ``SILENCE_BEFORE_RECONNECT`` of silence the link is ``RECONNECTED``: a fresh socket, and the
 calls in flight go again under their same ids once the same incarnation answers (it never runs an id
 twice), at most one reconnect per that much time. After ``UNAVAILABLE_AFTER`` of silence calls in flight
@@ -25,7 +25,7 @@ DEADLINE_GRACE = 2.0  # added to a call's timeout before the client answers `tim
 MAX_APPLY_GRACE = 120.0  # the most an executor's welcome can add to that (its apply_grace_s)
 DEFAULT_TIMEOUT = 30.0  # a call's timeout when neither the call, the tool nor the executor says (validly)
 RECV_BUDGET_S = 0.02  # seconds spent taking messages per turn of the I/O loop
-RECV_HWM = 4  # messages ZeroMQ takes off the connection ahead of the I/O thread (each up to 128 MiB)
+RECV_HWM = 4  # messages ZeroMQ takes off the connection ahead of the loop (each up to 128 MiB)
 
 
 def valid_timeout(timeout: object) -> bool:
@@ -45,7 +45,7 @@ class LinkState(enum.Enum):
 
 
 class Step(enum.Enum):
-    """What the link asks the I/O thread to do in one turn (``Link.tick``), in this order."""
+    """What the link asks the loop to do in one turn (``Link.tick``), in this order."""
 
     HELLO = "ask the restarted executor for its welcome"
     PING = "send a ping"
@@ -62,7 +62,7 @@ class Meeting(enum.Enum):
 
 
 class Link:
-    """The Lazy Pirate state of one client; used by the I/O thread only, but ``answering``."""
+    """The Lazy Pirate state of one client; used by the loop only, but ``answering``."""
 
     def __init__(self, endpoint: str, now: float) -> None:
         self.endpoint = endpoint

@@ -1,6 +1,6 @@
 """What the executor said about itself: its latest ``welcome``, which callers wait for on first contact.
 
-The I/O thread sets it (after every restart of the executor, too); any thread reads it. A hostile or
+The client's loop sets it (after every restart of the executor, too); any thread reads it. A hostile or
 broken executor cannot make the client's bounds infinite through it: timeouts outside the wire's
 range count as not given, and its apply grace is capped at ``MAX_APPLY_GRACE``.
 """
