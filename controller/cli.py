@@ -667,5 +667,18 @@ def main(argv: list[str] | None = None) -> int:
         raise
 
 
+def run() -> None:
+    """The ``ciayn`` command: ``main``, then an exit without the interpreter's teardown. Once litellm
+    is loaded, tearing its modules down costs 0.7 s of CPU here (2 s after a run's requests, 6-11 s
+    on a loaded CI machine), after the command has said all it had to say; what the command started
+    (the executor, the model server, their directories) ``main`` has stopped by then."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # (a closed pipe: nothing more can be said there)
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
