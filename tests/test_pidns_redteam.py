@@ -38,6 +38,7 @@ import pytest
 from controller import ExecutorClient, ExecutorUnavailable, LocalExecutor
 from controller.local import executor_environment
 from executor.slot import RETIRE_GRACE
+from executor.status import fetch
 from executor.workers.cgroups import CgroupSupport
 from protocol import Call, Result
 from tests.conftest import TESTS, host_pid, nspid, pid_namespaces, require_layer
@@ -335,7 +336,8 @@ def test_a_root_tool_cannot_kill_the_template_by_restarting_its_namespace(served
     assert local.proc is not None and local.client is not None
     template = _template(local)
     other: Future[Result] = local.client.submit(Call(tool="nap", kwargs={"seconds": 1.5}))
-    time.sleep(0.3)  # the other client's call is running on the second worker
+    wait_until("the other client's call to run on the second worker", lambda: fetch(local.endpoint).busy == 1,
+               START_BOUND)
     attack = call(local, "reboot_namespace", host_pidns=HOST_PIDNS)
     bystander = other.result(timeout=TIMEOUT + GRACE)
     served.note(local)
