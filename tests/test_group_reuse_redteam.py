@@ -46,7 +46,8 @@ def cleanup() -> Iterator[None]:
             group.rmdir()
         except OSError:
             pass
-    for pattern in ("/var/tmp/ciayn-redteam-*", "/dev/shm/ciayn-redteam-*", "/tmp/ciayn-redteam-note-*"):
+    # Exactly what the tools leave: other red teams make directories under "/var/tmp/ciayn-redteam-".
+    for pattern in ("/var/tmp/ciayn-redteam-dirty-*", "/dev/shm/ciayn-redteam-*", "/tmp/ciayn-redteam-note-*"):
         for path in Path("/").glob(pattern.lstrip("/")):
             path.unlink()
 

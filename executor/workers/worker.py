@@ -199,7 +199,7 @@ class _Workers:
             return None
         limits = self.config.limits
         while self.spare:
-            group = self.spare.pop()[1]
+            group = self.spare.pop(0)[1]  # the oldest: every kept group goes round before one expires
             try:
                 group.limit(limits.memory_mb, limits.processes, again=True)
                 return group

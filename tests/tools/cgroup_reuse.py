@@ -4,24 +4,13 @@ rewrites them as a root tool can, or leaves memory charged to them (a file in /d
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from executor import tool
 
-ROOT = Path("/sys/fs/cgroup")
-
-
-def _groups() -> dict[str, Path]:
-    """This process's groups of ours, by hierarchy ("memory", "pids", "" for v2)."""
-    found = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "/ciayn-" not in path:
-            continue
-        for name in controllers.split(",") if controllers else [""]:
-            base = ROOT / name if name else (ROOT / "unified" if (ROOT / "unified" / "cgroup.procs").exists() else ROOT)
-            found[name] = base / path.lstrip("/")
-    return found
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # own_groups.py, beside this file
+from own_groups import own_groups
 
 
 def _memory_files(group: Path) -> tuple[str, ...]:
@@ -33,14 +22,14 @@ def _memory_files(group: Path) -> tuple[str, ...]:
 @tool
 def groups() -> str:
     """The name of the memory group this worker runs in."""
-    group = _groups().get("memory") or _groups()[""]
+    group = own_groups().get("memory") or own_groups()[""]
     return group.name
 
 
 @tool
 def limits() -> dict[str, str]:
     """The group's name and what its limit files say."""
-    found = _groups()
+    found = own_groups()
     memory = found.get("memory") or found[""]
     said = {"name": memory.name}
     for name in _memory_files(memory):
@@ -57,7 +46,7 @@ def limits() -> dict[str, str]:
 @tool
 def lift_limits() -> str:
     """Raise the group's limits and turn its OOM killer off, as a root tool can; the group's name."""
-    found = _groups()
+    found = own_groups()
     memory = found.get("memory") or found[""]
     files = _memory_files(memory)
     if files[0] == "memory.max":
@@ -78,7 +67,7 @@ def lift_limits() -> str:
 @tool
 def leave_shared(mb: int = 4) -> str:
     """Leave a file of ``mb`` MB in /dev/shm (its pages stay charged to the group); the group's name."""
-    name = _groups().get("memory") or _groups()[""]
+    name = own_groups().get("memory") or own_groups()[""]
     with open(f"/dev/shm/ciayn-test-left-{os.getpid()}", "wb") as f:
         f.write(b"x" * (mb << 20))
     return name.name
@@ -88,7 +77,7 @@ def leave_shared(mb: int = 4) -> str:
 def nest(leave_shared_mb: int = 0) -> str:
     """Make a group inside each of this worker's own (as a root tool can), and leave ``leave_shared_mb``
     MB in /dev/shm (so that the groups are not kept for the next worker); the memory group's name."""
-    found = _groups()
+    found = own_groups()
     for path in set(found.values()):
         (path / "nested").mkdir(exist_ok=True)
     if leave_shared_mb:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from executor import tool
 
-ROOT = Path("/sys/fs/cgroup")
-V2_ROOT = ROOT / "unified" if (ROOT / "unified" / "cgroup.procs").exists() else ROOT
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # own_groups.py, beside this file
+from own_groups import ROOT, own_groups
+
 FREEZER = ROOT / "freezer"
 FREEZER_PREFIX = "ciayn-redteam-"  # the tests thaw and remove these groups at their end
 SHM_PREFIX = "/dev/shm/ciayn-redteam-"
@@ -23,20 +25,10 @@ V1_MEMORY_FILES = ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "memo
 V2_FILES = ("cgroup.max.descendants", "cgroup.max.depth", "cgroup.freeze", "cgroup.subtree_control", "cgroup.type")
 
 
-def _groups() -> dict[str, Path]:
-    """This process's groups of ours, by hierarchy ("memory", "pids", "" for v2)."""
-    found = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "/ciayn-" not in path:
-            continue
-        for name in controllers.split(",") if controllers else [""]:
-            found[name] = (ROOT / name if name else V2_ROOT) / path.lstrip("/")
-    return found
 
 
 def _memory() -> Path:
-    found = _groups()
+    found = own_groups()
     return found.get("memory") or found[""]
 
 
@@ -51,7 +43,7 @@ def _read(path: Path) -> str:
 def probe() -> dict[str, object]:
     """What this worker's groups hold: the memory group's name, the pids in each group other than
     this process's, the process count, and the control files that bind a call."""
-    found = _groups()
+    found = own_groups()
     memory = _memory()
     me = os.getpid()
     said: dict[str, object] = {"name": memory.name}
@@ -78,7 +70,7 @@ def tamper() -> str:
     """Write, as a root tool can, the memory group's control files the executor does not write back:
     TCP buffer memory cut to nothing, a soft limit, swappiness, charges moved in with a joining process;
     and the v2 group's limits on groups inside it. The memory group's name."""
-    found = _groups()
+    found = own_groups()
     memory = _memory()
     wrote = {"memory.kmem.tcp.limit_in_bytes": "4096", "memory.soft_limit_in_bytes": "4096",
              "memory.swappiness": "0", "memory.move_charge_at_immigrate": "3"}
@@ -148,7 +140,7 @@ def frozen_leftovers(count: int = 1, leave_v2: bool = True, leave_memory: bool =
     "populated" the executor reads), so that they stay only in the v1 memory and pids groups;
     ``leave_memory``: out of the memory group too (no charge there), in the pids group only. The
     memory group's name."""
-    found = _groups()
+    found = own_groups()
     procs = [subprocess.Popen(["sleep", "1000"]) for _ in range(count)]
     time.sleep(0.05)  # exec'd: their charge is sleep's, not a copy of this Python's
     pids = [p.pid for p in procs]
