@@ -66,6 +66,18 @@ def fork_template(confined: bool = False) -> tuple[int, socket.socket]:
     return pid, ours
 
 
+def _default_signals() -> None:
+    """Every signal at its default and none blocked, as exec then leaves them: an ignored signal and
+    the blocked mask survive exec. The first template is forked before the supervisor installs its
+    handlers, a replacement after, so otherwise what the executor was started with (``nohup``
+    ignores SIGHUP) would reach the first template's workers and not a replacement's."""
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(sig) is not signal.SIG_DFL:
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
 def _template_namespace(isolated: bool, chan: socket.socket, supervisor: int) -> None:
     """In the child just forked to be a template: make it PID 1 of a namespace of its own
     (``executor.workers.pidns``) if the supervisor could not (``isolated``: as root it did), set that
@@ -116,6 +128,7 @@ def _exec_template(chan: socket.socket, supervisor: int, confined: bool) -> NoRe
             # Before the new interpreter reads a line of our code: a root tool can write that code,
             # and what it plants must not run with the rights no worker holds.
             drop_capabilities(CAP_SYS_PTRACE, CAP_SYS_RESOURCE, *HOST_ADMIN_CAPS.values())
+        _default_signals()
         os.set_inheritable(chan.fileno(), True)
         env = dict(os.environ)
         package = sys.modules["executor"].__file__ or ""  # executor/__init__.py: its directory's parent
