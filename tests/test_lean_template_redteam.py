@@ -228,6 +228,17 @@ def _forging(tmp_path: Path, executors: list[Executor], at: int, specs: Any, go_
     return _start(executors, tmp_path, [FORGE], **kw)
 
 
+def _served_again(client: ExecutorClient, proc: subprocess.Popen[Any], within: float) -> str:
+    """"served" once a call is served after a forged report, "exited" if the executor exits first."""
+
+    def outcome() -> str | None:
+        if proc.poll() is not None:
+            return "exited"
+        return "served" if client.call(Call(tool="whoami"), timeout=3).ok else None
+
+    return str(wait_until("a call served after the forged report, or the executor's exit", outcome, within))
+
+
 def test_a_replacement_template_reporting_a_malformed_spec_is_backed_off_not_a_crash_of_the_supervisor(
         tmp_path: Path, executors: list[Executor]) -> None:
     ex = _forging(tmp_path, executors, at=2, specs=[{"name": 5}])
@@ -237,12 +248,7 @@ def test_a_replacement_template_reporting_a_malformed_spec_is_backed_off_not_a_c
         os.kill(first, signal.SIGKILL)  # as the OOM killer would: the replacement imports the module again
         wait_until("the replacement's forged report", lambda: (ex.workspace / "forged").exists(), 15)
 
-        def served_again() -> str | None:
-            if ex.proc.poll() is not None:
-                return "exited"
-            return "served" if client.call(Call(tool="whoami"), timeout=3).ok else None
-
-        outcome = wait_until("a call served after the forged report, or the executor's exit", served_again, 30)
+        outcome = _served_again(client, ex.proc, 30)
     assert outcome == "served", (f"the executor exited ({ex.proc.returncode}) on a replacement template's "
                                  f"forged report:\n{ex.log()[-600:]}")
 
@@ -285,12 +291,8 @@ def test_a_thread_a_tool_module_left_in_the_template_forging_a_spawned_report_is
     assert client.call(Call(tool="strike")).ok
     wait_until("the template's thread to write its report", lambda: (workspace / "struck").exists(), 10)
 
-    def served_again() -> str | None:
-        if local.proc is not None and local.proc.poll() is not None:
-            return "exited"
-        return "served" if client.call(Call(tool="whoami"), timeout=3).ok else None
-
-    outcome = wait_until("a call served after the forged report, or the executor's exit", served_again, 20)
+    assert local.proc is not None
+    outcome = _served_again(client, local.proc, 20)
     assert outcome == "served", (f"a forged Spawned report ended the executor (exit {local.proc.returncode}):\n"
                                  f"{local.log_tail(4)}")
 

@@ -147,7 +147,8 @@ class Connection:
                 future.set_result(Result.failure(call.id or "", "unavailable", self.failed or "the client is closed"))
                 return
             self._take_call(call, future, time.monotonic())
-            self._flush(self._sock) if self._sock is not None else None
+            if self._sock is not None:  # sent now, not after a first wait on the socket
+                self._flush(self._sock)
             go_on = True
             while go_on and not future.done():
                 go_on = self._turn(block=True)
