@@ -447,9 +447,11 @@ class WorkerPool:
         except framing.FrameError as e:
             replies, closed = [], True
             self._malformed(worker, e, "output_limit" if "limit" in str(e) else "crashed")
+        notices = 0
         for raw in replies:
             try:
                 if self._notice(worker, raw):
+                    notices += 1
                     continue
                 job = worker.job
                 reply = Reply.from_wire(raw)
@@ -479,6 +481,8 @@ class WorkerPool:
             self.fds.drop(worker.chan.fileno())
             if worker.phase in LIVE:
                 self._closed(worker)
+        if notices == len(replies) and not closed:
+            return  # only a start or an apply notice: no worker was freed, no call ended
         self.dispatch()
         if self.config.reuse:
             self.sweep_due = True  # processes a call started with CLONE_PARENT went to the template

@@ -52,6 +52,7 @@ REFILL_QUIET = 0.002  # fresh workers: a replacement is forked once the pool has
 # ...or REFILL_MAX_DELAY after it was first due, whichever comes first
 SWEEP_INTERVAL = 0.2  # reused workers: the template kills stray children at most this often (it costs a /proc read)
 SPIN_AFTER_DISPATCH = 0.0003  # seconds of polling without sleep after a dispatch (quick calls' replies)
+TEND_WHILE_SPINNING = 0.001  # while it spins, the supervisor tends its timers at most this often
 POLL_MAX_S = 1.0
 
 TEMPLATE_FRAME_LIMIT = 64 * 1024  # the template's messages after start-up are tiny (Spawned, Exited)

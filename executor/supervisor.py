@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import socket
@@ -29,6 +30,7 @@ from executor.clientside.router import RouterEndpoint
 from executor.keeper import StartStopped, StartupError
 from executor.metrics import CallStats, MetricsServer
 from executor.pool import WorkerPool
+from executor.slot import TEND_WHILE_SPINNING
 from executor.workers.confinement import Confinement
 from executor.workers.limits import WorkerLimits
 from executor.workers.privacy import not_dumpable, scrub_initial_environment
@@ -246,21 +248,23 @@ class Supervisor:
     def _loop(self, poller: zmq.Poller, wake_r: int, parent_fd: int | None) -> None:
         assert self.clients is not None
         sock = self.clients.socket
+        tended = -math.inf
         while not self.stopping:
             # Right after handing a call to a worker, poll without sleeping for a moment: a quick
-            # call's reply is then read without the cost of waking this process up again.
+            # call's reply is then read without the cost of waking this process up again. Those
+            # turns only serve the descriptors; the timers are tended at most every TEND_WHILE_SPINNING.
             now = time.monotonic()
-            due = min(self.pool.timeout_s(now), self.clients.tick(now), self._expire_queued(now))
-            if self.clients.failed:
-                self.stopping, self.exit_code = True, 1
-                break
-            if self.metrics is not None and self.metrics.due(now):
-                self.metrics.publish(self.report(now), now)
-                due = min(due, 1.0)
-            wait_ms = 0 if self.pool.spinning(now) else max(0, int(due * 1000) + 1)
-            events = dict(poller.poll(wait_ms))
-            now = time.monotonic()
-            self.complaints.flush(now)  # say how many were not logged once the window is over
+            if self.pool.spinning(now) and now < tended + TEND_WHILE_SPINNING:
+                wait_ms = 0
+            else:
+                tended = now
+                wait_ms = self._tend(now)
+                if self.stopping:
+                    break
+            ready = poller.poll(wait_ms)
+            if not ready:
+                continue
+            events = dict(ready)
             if wake_r in events:
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
@@ -270,7 +274,21 @@ class Supervisor:
             self.pool.handle(events)
             if sock in events:
                 self._on_clients()
-            self.pool.check_deadlines(now)
+
+    def _tend(self, now: float) -> int:
+        """The timers: deadlines, heartbeats, calls that waited too long, the metrics; returns how
+        long the loop may sleep (ms)."""
+        assert self.clients is not None
+        self.pool.check_deadlines(now)
+        self.complaints.flush(now)  # say how many were not logged once the window is over
+        due = min(self.pool.timeout_s(now), self.clients.tick(now), self._expire_queued(now))
+        if self.clients.failed:
+            self.stopping, self.exit_code = True, 1
+            return 0
+        if self.metrics is not None and self.metrics.due(now):
+            self.metrics.publish(self.report(now), now)
+            due = min(due, 1.0)
+        return 0 if self.pool.spinning(now) else max(0, int(due * 1000) + 1)
 
     # ---------------------------------------------------------------- client messages
 
@@ -381,9 +399,10 @@ class Supervisor:
             _name_the_ceiling(self.config, self.pool.specs, job, result)
         frames = self._encode(result)
         self.calls.remember(result.id, frames, job.waiters[0])
-        status = "ok" if result.ok else f"{result.error.kind if result.error else '?'}"
-        wall = f" {result.stats.wall_s * 1000:.1f}ms" if result.stats else ""
-        log.debug("call %s %s: %s%s", job.call_id, job.call.tool, status, wall)  # counts: status, metrics
+        if log.isEnabledFor(logging.DEBUG):  # counts: status, metrics
+            status = "ok" if result.ok else f"{result.error.kind if result.error else '?'}"
+            wall = f" {result.stats.wall_s * 1000:.1f}ms" if result.stats else ""
+            log.debug("call %s %s: %s%s", job.call_id, job.call.tool, status, wall)
         self.stats.observe(job.call.tool, result, result.stats.wall_s if result.stats else 0.0)
         for route in job.waiters:
             self._send(route, frames)
