@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 running[name] = stack.enter_context(direct(args.workers, extra=extra + flags[name],
                                                            log_level="warning"))
         calls = {name: ClientCalls(r.client, name) for name, r in running.items()}
-        meters = {name: CpuMeter(r) for name, r in running.items()}
+        meters = {name: CpuMeter(r.roots[0]) for name, r in running.items()}
         b2b: dict[str, list[float]] = {name: [] for name in trees}
         paced: dict[str, list[float]] = {name: [] for name in trees}
         for _ in range(args.rounds):

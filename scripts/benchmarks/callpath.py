@@ -33,7 +33,7 @@ from protocol import Call, ToolSpec, decode, encode
 
 from . import report, tools
 from .contestants import CHANNEL_REQUEST, ChannelEcho, ClientCalls, Dealer, ZmqEcho
-from .executors import Running, direct
+from .executors import direct
 from .parse import measure
 from .peers import HEADER
 from .record import log, measured, summarize
@@ -92,14 +92,13 @@ class CpuMeter:
     supervisor (each thread), the template and its workers (live ones by thread; dead ones through
     the template's reaped-children counters)."""
 
-    def __init__(self, running: Running) -> None:
-        supervisor = running.supervisor()
-        self.roles: dict[str, int] = {"client (this process)": os.getpid(), "supervisor": supervisor.pid}
+    def __init__(self, supervisor: int) -> None:
+        """``supervisor``: the pid of the executor's supervisor (or of ``archfloor``'s)."""
+        self.roles: dict[str, int] = {"client (this process)": os.getpid(), "supervisor": supervisor}
         self.template = 0
-        for child in supervisor.children():
-            grandchildren = child.children()
-            if grandchildren:  # the template: it forks the workers
-                self.template = self.roles["template"] = child.pid
+        for child in _children(supervisor):
+            if _children(child):  # the template: it forks the workers
+                self.template = self.roles["template"] = child
         self.total: dict[str, list[int]] = {}
         self.calls = 0
 
@@ -220,8 +219,8 @@ def call_path(context: Context) -> dict[str, Any]:
             fresh = stack.enter_context(direct(workers=1))
             fresh_dealer = Dealer(fresh.endpoint, "plain DEALER, default flags")
             stack.callback(fresh_dealer.close)
-            fresh_meter = CpuMeter(fresh)
-        meter = CpuMeter(running)
+            fresh_meter = CpuMeter(fresh.roots[0])
+        meter = CpuMeter(running.roots[0])
         floor: list[float] = []
         channel: list[float] = []
         quiet_times: list[float] = []
@@ -395,7 +394,7 @@ def call_path_cuts(context: Context) -> dict[str, Any]:
                 stack.callback(dealer.close)
                 dealer.block(20)
                 n = max(2, int(sizes.path_block_s / max(1e-6, statistics.fmean(dealer.block(10)))))
-                variants[name] = (dealer, CpuMeter(running), n)
+                variants[name] = (dealer, CpuMeter(running.roots[0]), n)
             except Exception as e:  # a patch whose target moved: recorded, not measured wrong
                 entries[name] = {"status": "failed", "reason": " ".join(f"{type(e).__name__}: {e}".split())[-400:]}
         n_echo = 200

@@ -33,8 +33,8 @@ ECHO_BODY = {"tool": "noop", "args": [], "kwargs": {}, "id": "0" * 32}
 CHANNEL_REQUEST = {"seq": 1, "tool": "noop", "args": [], "kwargs": {}, "limits": None}
 
 
-def start_peer(*args: str, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(module_command("peers", *args), cwd=ROOT, stdin=subprocess.PIPE,
+def start_peer(*args: str, pass_fds: tuple[int, ...] = (), module: str = "peers") -> subprocess.Popen[str]:
+    proc = subprocess.Popen(module_command(module, *args), cwd=ROOT, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True, pass_fds=pass_fds)
     assert proc.stdout is not None
     ready = read_line(proc, PEER_START_TIMEOUT)

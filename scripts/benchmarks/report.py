@@ -261,12 +261,13 @@ def markdown(results: dict[str, Any], figures: Sequence[Figure], images: str = "
     ]
     targets = [(name, t) for f in figs.values() for name, t in (f.get("targets") or {}).items()]
     if targets:
-        lines += ["| target | measured | wanted | met |", "|---|---|---|---|"]
+        lines += ["| target | measured | wanted | met | the bare architecture |", "|---|---|---|---|---|"]
         for name, t in targets:
             wanted = f"at most {t['at_most']:g}" if "at_most" in t else f"at least {t['at_least']:g}"
             value = "n/a" if t["value"] is None else f"{t['value']:.3g}"
             met = {True: "yes", False: "**no**", None: "not measured"}[t["met"]]
-            lines.append(f"| {name} | {value} | {wanted} | {met} |")
+            arch = f"{t['architecture']:.3g}" if t.get("architecture") is not None else ""
+            lines.append(f"| {name} | {value} | {wanted} | {met} | {arch} |")
         lines.append("")
     for figure in figures:
         key, fig = figure.name, figs.get(figure.name, {})
@@ -335,6 +336,13 @@ def table_weight(f: dict[str, Any]) -> list[str]:
             f"{_fmt_us(cpu['reuse_workers'])} |",
             f"| --reuse-workers, calls 20 ms apart | {_fmt_us(p50['reuse_paced'])} | |",
             f"| bare ZeroMQ echo | {_fmt_us(p50['zmq_echo'])} | |"]
+    if "arch_fresh_back_to_back" in p50:  # (results written before archfloor.py have none)
+        rows += [f"| the bare architecture, fresh, back to back | {_fmt_us(p50['arch_fresh_back_to_back'])} | "
+                 f"{_fmt_us(cpu['arch_fresh'])} |",
+                 f"| the bare architecture, fresh, 20 ms apart | {_fmt_us(p50['arch_fresh_paced'])} | |",
+                 f"| the bare architecture, reused, back to back | {_fmt_us(p50['arch_reuse_back_to_back'])} | "
+                 f"{_fmt_us(cpu['arch_reuse'])} |",
+                 f"| the bare architecture, reused, 20 ms apart | {_fmt_us(p50['arch_reuse_paced'])} | |"]
     if "jupyter_execute" in p50:
         rows.append(f"| Jupyter kernel execute | {_fmt_us(p50['jupyter_execute'])} | |")
     sentence = (f"**What it means:** a fresh call costs {cpu['fresh'] / floor['cpu_us']:.1f}x the CPU of the "

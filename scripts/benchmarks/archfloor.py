@@ -1,0 +1,312 @@
+"""The floor of the executor's architecture (``weight.py`` runs it next to the executor): the same
+processes and hops as a no-op call of ours, each doing nothing else. A client's DEALER sends a
+msgpack call to a ROUTER process (the supervisor's place), which hands it to a worker over a
+socketpair; the worker sends a start notice and a reply; the answer goes back. Workers are forked by
+a template process, a child of the supervisor, that imported what our template imports (as the fork
+floor's process does) and sends each worker's channel to the supervisor with ``SCM_RIGHTS``.
+
+- ``fresh``: two workers are kept forked ahead, each rehearsing the call path once (as ours do,
+  unless a call waits for it);
+  each answers one call and stops; once the supervisor has been quiet for ``REFILL_QUIET`` (or a call
+  finds no worker) it kills the answered ones and asks for new ones, as ours does. The template
+  reaps them and reports their exits.
+- ``reuse``: two workers answer call after call; the supervisor polls without sleeping for
+  ``SPIN_AFTER_DISPATCH`` after a dispatch, as ours does.
+
+Nothing else: no limits, no control groups, no stdout or stderr pipes, no pidfd, no checks of what
+a peer sends, no at-most-once memory, no logging. What a call of ours costs beyond this is what our
+features and our code cost; a target this floor itself misses is out of reach of the architecture.
+
+    python -m scripts.benchmarks.archfloor supervisor ENDPOINT MODE   (prints ``ready``; ``stop`` ends it)
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from typing import Any
+
+import msgpack
+import zmq
+
+from .contestants import ECHO_BODY, start_peer, stop_peer
+from .paths import HERE, ROOT, module_command
+
+WORKERS = 2
+HEADER = struct.Struct("!I")
+REPORT = struct.Struct("!cQ")  # b"W" (a worker, its channel attached) or b"E" (one exited), and its pid
+STOP = b"stop"
+MODES = ("fresh", "reuse")
+
+
+def _frame(obj: Any) -> bytes:
+    body: bytes = msgpack.packb(obj, use_bin_type=True)
+    return HEADER.pack(len(body)) + body
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return data
+
+
+def _answer(chan: socket.socket) -> bool:
+    """Read a request, send the start notice and the reply; False at end of input."""
+    try:
+        (size,) = HEADER.unpack(_recv_exact(chan, HEADER.size))
+        request = msgpack.unpackb(_recv_exact(chan, size))
+    except EOFError:
+        return False
+    chan.sendall(_frame({"seq": request["seq"]}))
+    chan.sendall(_frame({"seq": request["seq"], "ok": True, "value": None, "wall_s": 0.0}))
+    return True
+
+
+def _worker(chan: socket.socket, reuse: bool, rehearse: bool) -> None:
+    if reuse:
+        while _answer(chan):
+            pass
+        return
+    # As ours: a rehearsal takes the call path's copy-on-write faults before the call, and once
+    # answered the worker stops until the supervisor kills it (its exit then costs no answer time).
+    if rehearse:
+        ours, theirs = socket.socketpair()
+        ours.sendall(_frame({"seq": 0, "tool": "noop", "args": [], "kwargs": {}}))
+        _answer(theirs)
+        ours.close()
+        theirs.close()
+    if _answer(chan):
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _report(chan: socket.socket, report: bytes, fd: int | None = None) -> bool:
+    """Send a report (with a descriptor); False once the supervisor is gone."""
+    try:
+        socket.send_fds(chan, [report], [fd] if fd is not None else [])
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+    return True
+
+
+def template(fd: int, mode: str) -> None:
+    """Fork a worker per request byte; report each worker (with its channel) and each exit."""
+    import executor.workers.template  # noqa: F401  (what our template has imported)
+    from executor.registry import find_tools
+    from executor.workers import quickfork
+
+    find_tools([str(HERE / "tools.py")])
+    chan = socket.socket(fileno=fd)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    while True:
+        ready, _, _ = select.select([chan.fileno(), wake_r], [], [])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            while True:
+                try:
+                    pid, _status = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    break
+                if not _report(chan, REPORT.pack(b"E", pid)):
+                    return
+        if chan.fileno() in ready:
+            try:
+                request = chan.recv(1)  # b"s": a worker made ahead (it rehearses); b"u": one a call waits for
+            except ConnectionResetError:
+                return
+            if not request:
+                return
+            ours, theirs = socket.socketpair()
+            pid = quickfork.fork()
+            if pid == 0:
+                signal.set_wakeup_fd(-1)
+                ours.close()
+                chan.close()
+                _worker(theirs, mode == "reuse", rehearse=request == b"s")
+                os._exit(0)
+            theirs.close()
+            sent = _report(chan, REPORT.pack(b"W", pid), ours.fileno())
+            ours.close()
+            if not sent:
+                return
+
+
+class _Supervisor:
+    def __init__(self, endpoint: str, mode: str) -> None:
+        from executor.slot import REFILL_MAX_DELAY, REFILL_QUIET, SPIN_AFTER_DISPATCH
+
+        self.quiet, self.max_delay = REFILL_QUIET, REFILL_MAX_DELAY
+
+        self.spin = SPIN_AFTER_DISPATCH if mode == "reuse" else 0.0
+        self.fresh = mode == "fresh"
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.bind(endpoint)
+        self.chan, theirs = socket.socketpair()
+        self.template = subprocess.Popen(module_command("archfloor", "template", str(theirs.fileno()), mode),
+                                         cwd=ROOT, pass_fds=[theirs.fileno()])
+        theirs.close()
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.chan, zmq.POLLIN)
+        self.ready: list[tuple[socket.socket, int]] = []  # (channel, pid)
+        self.busy: dict[int, tuple[socket.socket, int, bytes, bytearray]] = {}
+        self.answered: list[int] = []  # fresh workers stopped after their answer: killed at the next refill
+        self.waiting: list[tuple[bytes, dict[str, Any]]] = []
+        self.spin_until = 0.0
+        self.missing, self.first_missing = WORKERS, 0.0
+
+    def serve(self) -> None:
+        while True:
+            # Answered workers are replaced once no event came for ``quiet``, or ``max_delay`` after
+            # the first answer (ours waits as long; a call that finds no worker does not wait).
+            now = time.monotonic()
+            if self.missing and now >= self.first_missing + self.max_delay:
+                self._refill()
+            timeout = None
+            if self.missing:
+                timeout = int(min(self.quiet, self.first_missing + self.max_delay - now) * 1000) + 1
+            events = self.poller.poll(0 if now < self.spin_until else timeout)
+            if not events and self.missing and now >= self.spin_until:
+                self._refill()
+            for sock, _ in events:
+                if sock is self.sock:
+                    route, body = self.sock.recv_multipart()
+                    if body == STOP:
+                        return
+                    self.waiting.append((route, msgpack.unpackb(body)))
+                    self._dispatch()
+                elif sock == self.chan.fileno():  # (the poller gives plain sockets back as their fds)
+                    self._on_template()
+                else:
+                    self._on_worker(sock)
+
+    def _refill(self, urgent: bool = False) -> None:
+        for pid in self.answered:
+            os.kill(pid, signal.SIGKILL)
+        self.answered.clear()
+        self.chan.sendall((b"u" if urgent else b"s") * self.missing)
+        self.missing = 0
+
+    def _dispatch(self) -> None:
+        while self.waiting and self.ready:
+            (route, call), (worker, pid) = self.waiting.pop(0), self.ready.pop(0)
+            worker.sendall(_frame({"seq": 1, "tool": call["tool"], "args": call["args"], "kwargs": call["kwargs"]}))
+            self.busy[worker.fileno()] = (worker, pid, route, bytearray())
+            self.poller.register(worker, zmq.POLLIN)
+            self.spin_until = time.monotonic() + self.spin
+        if self.waiting and self.missing:
+            self._refill(urgent=True)  # a call waits for a worker: no waiting for quiet, no rehearsal
+
+    def _on_template(self) -> None:
+        report, fds, _flags, _addr = socket.recv_fds(self.chan, REPORT.size, 1)
+        if not report:
+            raise SystemExit("the template exited")
+        kind, pid = REPORT.unpack(report)
+        if kind == b"W":
+            self.ready.append((socket.socket(fileno=fds[0]), pid))
+            self._dispatch()
+
+    def _on_worker(self, fd: int) -> None:
+        worker, pid, route, buf = self.busy[fd]
+        buf += worker.recv(65536)
+        while len(buf) >= HEADER.size:
+            (size,) = HEADER.unpack_from(buf)
+            if len(buf) < HEADER.size + size:
+                return
+            message = msgpack.unpackb(bytes(buf[HEADER.size:HEADER.size + size]))
+            del buf[:HEADER.size + size]
+            if "ok" not in message:
+                continue  # the start notice
+            self.sock.send_multipart([route, msgpack.packb({"id": ECHO_BODY["id"], "ok": message["ok"],
+                                                            "value": message["value"]})])
+            self.poller.unregister(worker)
+            del self.busy[fd]
+            if self.fresh:
+                worker.close()
+                self.answered.append(pid)
+                if not self.missing:
+                    self.first_missing = time.monotonic()
+                self.missing += 1
+            else:
+                self.ready.append((worker, pid))
+            self._dispatch()
+            return
+
+    def close(self) -> None:
+        for pid in self.answered:  # stopped: they would never exit by themselves
+            os.kill(pid, signal.SIGKILL)
+        self.chan.close()
+        self.template.wait(10)
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def supervisor(endpoint: str, mode: str) -> None:
+    served = _Supervisor(endpoint, mode)
+    print("ready", flush=True)
+    try:
+        served.serve()
+    finally:
+        served.close()
+
+
+class ArchFloor:
+    """A no-op call through the bare architecture (``mode``: fresh or reuse), from a plain DEALER:
+    ``block(n)``; ``pid`` is its supervisor (for ``callpath.CpuMeter``)."""
+
+    def __init__(self, mode: str, tmp: str) -> None:
+        endpoint = f"ipc://{tmp}/archfloor-{mode}.sock"
+        self.proc = start_peer("supervisor", endpoint, mode, module="archfloor")
+        self.pid = self.proc.pid
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.connect(endpoint)
+        self.block(20)
+
+    def block(self, n: int) -> list[float]:
+        times = []
+        sock, body = self.sock, ECHO_BODY
+        for _ in range(n):
+            t0 = time.perf_counter()
+            sock.send(msgpack.packb(body))
+            answer = msgpack.unpackb(sock.recv())
+            times.append(time.perf_counter() - t0)
+            if answer.get("ok") is not True:
+                raise RuntimeError(f"the architecture floor answered {answer!r}")
+        return times
+
+    def close(self) -> None:
+        self.sock.send(STOP)
+        stop_peer(self.proc)
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["template"] and len(argv) == 3 and argv[2] in MODES:
+        template(int(argv[1]), argv[2])
+    elif argv[:1] == ["supervisor"] and len(argv) == 3 and argv[2] in MODES:
+        supervisor(argv[1], argv[2])
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
