@@ -347,7 +347,8 @@ def table_weight(f: dict[str, Any]) -> list[str]:
         rows.append(f"| Jupyter kernel execute | {_fmt_us(p50['jupyter_execute'])} | |")
     sentence = (f"**What it means:** a fresh call costs {cpu['fresh'] / floor['cpu_us']:.1f}x the CPU of the "
                 f"template's own fork+exit+wait ({f['fresh_calls_per_s']:.0f} fresh calls/s sustained); the "
-                f"template holds {f['template_private_mb']} MB of private memory (the floor's process "
+                f"template holds {f['template_private_mb']} MB of memory no worker shares (the rest it shares "
+                f"with the workers forked from it; the floor's process, which has no child then, "
                 f"{floor['private_mb']} MB). The per-process split is in results.json.")
     scaling = ["| workers (tool sleeps 100 ms, fresh workers) | calls/s | of linear |", "|---|---|---|"]
     scaling += [f"| {n} | {row['calls_per_s']:.1f} | {row['of_linear']:.2f} |"
