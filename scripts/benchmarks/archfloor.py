@@ -43,6 +43,7 @@ HEADER = struct.Struct("!I")
 REPORT = struct.Struct("!cQ")  # b"W" (a worker, its channel attached) or b"E" (one exited), and its pid
 STOP = b"stop"
 MODES = ("fresh", "reuse")
+ANSWER_TIMEOUT_MS = 10_000
 
 
 def _frame(obj: Any) -> bytes:
@@ -275,6 +276,8 @@ class ArchFloor:
         self.pid = self.proc.pid
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.RCVTIMEO, ANSWER_TIMEOUT_MS)  # a floor that died fails the run, never hangs it
+        self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
         self.block(20)
 
@@ -284,7 +287,10 @@ class ArchFloor:
         for _ in range(n):
             t0 = time.perf_counter()
             sock.send(msgpack.packb(body))
-            answer = msgpack.unpackb(sock.recv())
+            try:
+                answer = msgpack.unpackb(sock.recv())
+            except zmq.Again:
+                raise RuntimeError(f"the architecture floor did not answer within {ANSWER_TIMEOUT_MS} ms") from None
             times.append(time.perf_counter() - t0)
             if answer.get("ok") is not True:
                 raise RuntimeError(f"the architecture floor answered {answer!r}")
