@@ -3,7 +3,8 @@ processes and hops as a no-op call of ours, each doing nothing else. A client's 
 msgpack call to a ROUTER process (the supervisor's place), which hands it to a worker over a
 socketpair; the worker sends a start notice and a reply; the answer goes back. Workers are forked by
 a template process, a child of the supervisor, that imported what our template imports (as the fork
-floor's process does) and sends each worker's channel to the supervisor with ``SCM_RIGHTS``.
+floor's process does, and no more: ``archtemplate``) and sends each worker's channel to the
+supervisor with ``SCM_RIGHTS``.
 
 - ``fresh``: two workers are kept forked ahead, each rehearsing the call path once (as ours do,
   unless a call waits for it);
@@ -23,10 +24,8 @@ features and our code cost; a target this floor itself misses is out of reach of
 from __future__ import annotations
 
 import os
-import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -35,115 +34,13 @@ from typing import Any
 import msgpack
 import zmq
 
+from .archtemplate import HEADER, MODES, REPORT, frame
 from .contestants import ECHO_BODY, start_peer, stop_peer
-from .paths import HERE, ROOT, module_command
+from .paths import ROOT, module_command
 
 WORKERS = 2
-HEADER = struct.Struct("!I")
-REPORT = struct.Struct("!cQ")  # b"W" (a worker, its channel attached) or b"E" (one exited), and its pid
 STOP = b"stop"
-MODES = ("fresh", "reuse")
 ANSWER_TIMEOUT_MS = 10_000
-
-
-def _frame(obj: Any) -> bytes:
-    body: bytes = msgpack.packb(obj, use_bin_type=True)
-    return HEADER.pack(len(body)) + body
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise EOFError
-        data += chunk
-    return data
-
-
-def _answer(chan: socket.socket) -> bool:
-    """Read a request, send the start notice and the reply; False at end of input."""
-    try:
-        (size,) = HEADER.unpack(_recv_exact(chan, HEADER.size))
-        request = msgpack.unpackb(_recv_exact(chan, size))
-    except EOFError:
-        return False
-    chan.sendall(_frame({"seq": request["seq"]}))
-    chan.sendall(_frame({"seq": request["seq"], "ok": True, "value": None, "wall_s": 0.0}))
-    return True
-
-
-def _worker(chan: socket.socket, reuse: bool, rehearse: bool) -> None:
-    if reuse:
-        while _answer(chan):
-            pass
-        return
-    # As ours: a rehearsal takes the call path's copy-on-write faults before the call, and once
-    # answered the worker stops until the supervisor kills it (its exit then costs no answer time).
-    if rehearse:
-        ours, theirs = socket.socketpair()
-        ours.sendall(_frame({"seq": 0, "tool": "noop", "args": [], "kwargs": {}}))
-        _answer(theirs)
-        ours.close()
-        theirs.close()
-    if _answer(chan):
-        os.kill(os.getpid(), signal.SIGSTOP)
-
-
-def _report(chan: socket.socket, report: bytes, fd: int | None = None) -> bool:
-    """Send a report (with a descriptor); False once the supervisor is gone."""
-    try:
-        socket.send_fds(chan, [report], [fd] if fd is not None else [])
-    except (BrokenPipeError, ConnectionResetError):
-        return False
-    return True
-
-
-def template(fd: int, mode: str) -> None:
-    """Fork a worker per request byte; report each worker (with its channel) and each exit."""
-    import executor.workers.template  # noqa: F401  (what our template has imported)
-    from executor.registry import find_tools
-    from executor.workers import quickfork
-
-    find_tools([str(HERE / "tools.py")])
-    chan = socket.socket(fileno=fd)
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    while True:
-        ready, _, _ = select.select([chan.fileno(), wake_r], [], [])
-        if wake_r in ready:
-            os.read(wake_r, 4096)
-            while True:
-                try:
-                    pid, _status = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if pid == 0:
-                    break
-                if not _report(chan, REPORT.pack(b"E", pid)):
-                    return
-        if chan.fileno() in ready:
-            try:
-                request = chan.recv(1)  # b"s": a worker made ahead (it rehearses); b"u": one a call waits for
-            except ConnectionResetError:
-                return
-            if not request:
-                return
-            ours, theirs = socket.socketpair()
-            pid = quickfork.fork()
-            if pid == 0:
-                signal.set_wakeup_fd(-1)
-                ours.close()
-                chan.close()
-                _worker(theirs, mode == "reuse", rehearse=request == b"s")
-                os._exit(0)
-            theirs.close()
-            sent = _report(chan, REPORT.pack(b"W", pid), ours.fileno())
-            ours.close()
-            if not sent:
-                return
 
 
 class _Supervisor:
@@ -158,7 +55,7 @@ class _Supervisor:
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.bind(endpoint)
         self.chan, theirs = socket.socketpair()
-        self.template = subprocess.Popen(module_command("archfloor", "template", str(theirs.fileno()), mode),
+        self.template = subprocess.Popen(module_command("archtemplate", str(theirs.fileno()), mode),
                                          cwd=ROOT, pass_fds=[theirs.fileno()])
         theirs.close()
         self.poller = zmq.Poller()
@@ -206,7 +103,7 @@ class _Supervisor:
     def _dispatch(self) -> None:
         while self.waiting and self.ready:
             (route, call), (worker, pid) = self.waiting.pop(0), self.ready.pop(0)
-            worker.sendall(_frame({"seq": 1, "tool": call["tool"], "args": call["args"], "kwargs": call["kwargs"]}))
+            worker.sendall(frame({"seq": 1, "tool": call["tool"], "args": call["args"], "kwargs": call["kwargs"]}))
             self.busy[worker.fileno()] = (worker, pid, route, bytearray())
             self.poller.register(worker, zmq.POLLIN)
             self.spin_until = time.monotonic() + self.spin
@@ -304,9 +201,7 @@ class ArchFloor:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["template"] and len(argv) == 3 and argv[2] in MODES:
-        template(int(argv[1]), argv[2])
-    elif argv[:1] == ["supervisor"] and len(argv) == 3 and argv[2] in MODES:
+    if argv[:1] == ["supervisor"] and len(argv) == 3 and argv[2] in MODES:
         supervisor(argv[1], argv[2])
     else:
         print(__doc__, file=sys.stderr)

@@ -32,10 +32,10 @@ import msgpack
 from protocol import Call, ToolSpec, decode, encode
 
 from . import report, tools
+from .archtemplate import HEADER
 from .contestants import CHANNEL_REQUEST, ChannelEcho, ClientCalls, Dealer, ZmqEcho
 from .executors import direct
 from .parse import measure
-from .peers import HEADER
 from .record import log, measured, summarize
 from .registry import Context, figure
 

@@ -119,7 +119,7 @@ class ChannelEcho:
         return self.proc.pid
 
     def block(self, n: int) -> list[float]:
-        from .peers import HEADER, recv_exact
+        from .archtemplate import HEADER, recv_exact
 
         times = []
         for _ in range(n):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import socket
-import struct
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -28,7 +27,8 @@ from typing import Any
 import msgpack
 import zmq
 
-HEADER = struct.Struct("!I")
+from .archtemplate import HEADER, recv_exact
+
 STOP = b"stop"
 
 
@@ -44,16 +44,6 @@ def zmq_echo(endpoint: str) -> None:
         sock.send_multipart([ident, msgpack.packb(msgpack.unpackb(body))])
     sock.close(0)
     ctx.term()
-
-
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise EOFError
-        data += chunk
-    return data
 
 
 def chan_echo(fd: int) -> None:
