@@ -35,12 +35,11 @@ import msgpack
 import zmq
 
 from .archtemplate import HEADER, MODES, REPORT, frame
-from .contestants import ECHO_BODY, start_peer, stop_peer
+from .contestants import ECHO_BODY, ZmqEcho, start_peer
 from .paths import ROOT, module_command
 
 WORKERS = 2
 STOP = b"stop"
-ANSWER_TIMEOUT_MS = 10_000
 
 
 class _Supervisor:
@@ -163,41 +162,18 @@ def supervisor(endpoint: str, mode: str) -> None:
         served.close()
 
 
-class ArchFloor:
-    """A no-op call through the bare architecture (``mode``: fresh or reuse), from a plain DEALER:
-    ``block(n)``; ``pid`` is its supervisor (for ``callpath.CpuMeter``)."""
+class ArchFloor(ZmqEcho):
+    """A no-op call through the bare architecture (``mode``: fresh or reuse), from a plain DEALER
+    (the echo's client loop): ``block(n)``; ``pid`` is its supervisor (for ``callpath.CpuMeter``)."""
 
     def __init__(self, mode: str, tmp: str) -> None:
+        self.name = f"the bare architecture ({mode})"
         endpoint = f"ipc://{tmp}/archfloor-{mode}.sock"
-        self.proc = start_peer("supervisor", endpoint, mode, module="archfloor")
-        self.pid = self.proc.pid
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.RCVTIMEO, ANSWER_TIMEOUT_MS)  # a floor that died fails the run, never hangs it
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-        self.block(20)
+        self._connect(start_peer("supervisor", endpoint, mode, module="archfloor"), endpoint, warm_up=20)
 
-    def block(self, n: int) -> list[float]:
-        times = []
-        sock, body = self.sock, ECHO_BODY
-        for _ in range(n):
-            t0 = time.perf_counter()
-            sock.send(msgpack.packb(body))
-            try:
-                answer = msgpack.unpackb(sock.recv())
-            except zmq.Again:
-                raise RuntimeError(f"the architecture floor did not answer within {ANSWER_TIMEOUT_MS} ms") from None
-            times.append(time.perf_counter() - t0)
-            if answer.get("ok") is not True:
-                raise RuntimeError(f"the architecture floor answered {answer!r}")
-        return times
-
-    def close(self) -> None:
-        self.sock.send(STOP)
-        stop_peer(self.proc)
-        self.sock.close(0)
-        self.ctx.term()
+    def _check(self, answer: Any) -> None:
+        if answer.get("ok") is not True:
+            raise RuntimeError(f"{self.name} answered {answer!r}")
 
 
 def main(argv: list[str]) -> int:

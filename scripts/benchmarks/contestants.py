@@ -29,6 +29,7 @@ from .paths import PACKAGE, ROOT, module_command
 
 PEER_START_TIMEOUT = 30.0
 KERNEL_TIMEOUT = 60.0
+ANSWER_TIMEOUT_MS = 10_000  # a plain-DEALER peer's answer to one call
 ECHO_BODY = {"tool": "noop", "args": [], "kwargs": {}, "id": "0" * 32}
 CHANNEL_REQUEST = {"seq": 1, "tool": "noop", "args": [], "kwargs": {}, "limits": None}
 
@@ -69,21 +70,31 @@ def stop_peer(proc: subprocess.Popen[str]) -> None:
 
 
 class ZmqEcho:
-    """The floor: a bare pyzmq DEALER/ROUTER msgpack echo between two processes over ipc."""
+    """The floor: a bare pyzmq DEALER/ROUTER msgpack echo between two processes over ipc. Its
+    client loop serves every peer answered by a plain DEALER (``archfloor.ArchFloor``): a peer that
+    died fails the run within ``ANSWER_TIMEOUT_MS``, never hangs it."""
 
     name = "bare pyzmq DEALER/ROUTER echo (floor)"
 
     def __init__(self, tmp: str) -> None:
         endpoint = f"ipc://{tmp}/echo-{uuid.uuid4().hex[:8]}.sock"
-        self.proc = start_peer("zmq-echo", endpoint)
+        self._connect(start_peer("zmq-echo", endpoint), endpoint, warm_up=50)
+
+    def _connect(self, proc: subprocess.Popen[str], endpoint: str, warm_up: int) -> None:
+        self.proc = proc
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.RCVTIMEO, ANSWER_TIMEOUT_MS)
+        self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
-        self.block(50)
+        self.block(warm_up)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    def _check(self, answer: Any) -> None:
+        """Raise if ``answer`` is not what the peer should send (an echo: anything)."""
 
     def block(self, n: int) -> list[float]:
         times = []
@@ -91,8 +102,12 @@ class ZmqEcho:
         for _ in range(n):
             t0 = time.perf_counter()
             sock.send(msgpack.packb(body))
-            msgpack.unpackb(sock.recv())
+            try:
+                answer = msgpack.unpackb(sock.recv())
+            except zmq.Again:
+                raise RuntimeError(f"{self.name} did not answer within {ANSWER_TIMEOUT_MS} ms") from None
             times.append(time.perf_counter() - t0)
+            self._check(answer)
         return times
 
     def close(self) -> None:
