@@ -34,6 +34,8 @@ from typing import Any
 import msgpack
 import zmq
 
+from executor.slot import REFILL_MAX_DELAY, REFILL_QUIET, SPIN_AFTER_DISPATCH
+
 from .archtemplate import HEADER, MODES, REPORT, frame
 from .contestants import ECHO_BODY, ZmqEcho, start_peer
 from .paths import ROOT, module_command
@@ -44,10 +46,7 @@ STOP = b"stop"
 
 class _Supervisor:
     def __init__(self, endpoint: str, mode: str) -> None:
-        from executor.slot import REFILL_MAX_DELAY, REFILL_QUIET, SPIN_AFTER_DISPATCH
-
         self.quiet, self.max_delay = REFILL_QUIET, REFILL_MAX_DELAY
-
         self.spin = SPIN_AFTER_DISPATCH if mode == "reuse" else 0.0
         self.fresh = mode == "fresh"
         self.ctx = zmq.Context()
