@@ -148,7 +148,11 @@ def test_groups_a_root_tool_made_inside_its_own_are_removed_with_them(
             path.unlink()
     deadline = time.monotonic() + 5
     while True:
-        workers = [p for p in psutil.Process(local.proc.pid).children(recursive=True) if p.ppid() != local.proc.pid]
+        try:
+            workers = [p for p in psutil.Process(local.proc.pid).children(recursive=True)
+                       if p.ppid() != local.proc.pid]
+        except psutil.NoSuchProcess:  # a process exited between the listing and the look at it: look again
+            workers = []
         names = {g.name for g in _groups_of(client.welcome.executor)}
         if len(names) == len(workers) == 1:
             break
