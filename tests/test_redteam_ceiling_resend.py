@@ -1020,7 +1020,9 @@ def test_a_resend_racing_its_first_send_runs_once_and_a_racing_other_body_is_ref
     """Three sockets send the same call five times each, back to back, in two key orders and int
     widths, while a fourth sends another body under the id: every answer any of the three gets
     (those in flight joined the call, later ones come from the cache, and one more resend each
-    afterwards) carries the one run's token, the fourth gets ``protocol``, and the tool ran once."""
+    afterwards) carries the one run's token, the fourth gets ``protocol``, and the tool ran once.
+    Four connections have no order between them: when the fourth body is read first (about one run
+    in 25 through the broker), it is the call, and every answer the three get is ``protocol``."""
     endpoint = serve(target, [TOOLS], 10.0)
     wires = [Wire(ctx, endpoint) for _ in range(4)]
     log = tmp_path / "runs.log"
@@ -1041,8 +1043,13 @@ def test_a_resend_racing_its_first_send_runs_once_and_a_racing_other_body_is_ref
         w.result(cid, nth=len(w.results[cid]) + 1, within=SLACK)
     tokens = {r.value for w in wires[:3] for r in w.results[cid]}
     thief = wires[3].result(cid)
-    assert len(tokens) == 1 and None not in tokens, tokens
-    assert thief.error is not None and thief.error.kind == "protocol" and thief.value is None, thief
+    if thief.ok:  # the other body was read first: it ran, and the same call's resends are refused
+        refused = [r for w in wires[:3] for r in w.results[cid]]
+        assert all(r.error is not None and r.error.kind == "protocol" for r in refused), refused
+        assert thief.value is not None, thief
+    else:
+        assert len(tokens) == 1 and None not in tokens, tokens
+        assert thief.error is not None and thief.error.kind == "protocol" and thief.value is None, thief
     assert len(_lines(log)) == 1
 
 
