@@ -359,9 +359,8 @@ def call_path(context: Context) -> dict[str, Any]:
 CUTS: dict[str, tuple[list[str], dict[str, Any], bool]] = {
     "as shipped": ([], {}, True),
     "no spin after dispatch (supervisor)": (["nospin"], {}, True),
-    "no peak-RSS reset per call (worker clear_refs)": (["noclearrefs"], {}, True),
-    "no per-call log line (--log-level warning)": ([], {"log_level": "warning"}, True),
-    "all three cuts": (["nospin", "noclearrefs"], {"log_level": "warning"}, True),
+    "no bookkeeping (supervisor; unsafe: its bound)": (["nobookkeeping"], {}, True),
+    "both": (["nospin", "nobookkeeping"], {}, True),
     "default flags (a fresh worker per call), 1 worker": ([], {}, False),
     "default flags, --workers 2 (a spare prewarmed worker for sequential calls)": ([], {"workers": 2}, False),
     "default flags, --no-cgroups (no control groups per worker)": ([], {"no_cgroups": True}, False),

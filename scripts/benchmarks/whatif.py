@@ -1,14 +1,20 @@
 """What-if runs of the executor: ``python bench_whatif.py PATCH[,PATCH...] -- serve ARGS...`` applies
-benchmark-only patches in memory, then runs ``ciayn-executor serve ARGS``. The template and the
-workers are forked from that process, so they carry the patches too. Nothing in executor/ changes;
-this only tells what a candidate cut of the call path would buy, measured side by side with the
-executor as shipped (``callpath.call_path_cuts``).
+benchmark-only patches in memory, then runs ``ciayn-executor serve ARGS``. Nothing in executor/
+changes; this only tells what a candidate cut of the call path would buy, measured side by side with
+the executor as shipped (``callpath.call_path_cuts``).
+
+The patches reach the supervisor only. The template is a new interpreter (``executor.workers.spawn``
+execs it) and the workers are its forks, so a patch of worker code made here would never run there
+and its row would measure nothing; none is offered.
 
 Patches:
 - ``nospin``: the supervisor does not poll without sleeping after a dispatch
   (``executor.pool.SPIN_AFTER_DISPATCH = 0``);
-- ``noclearrefs``: the worker does not reset its peak RSS before each call
-  (``executor.workers.worker._reset_peak_rss`` does nothing; a call's peak memory is then the worker's).
+- ``nobookkeeping``: the supervisor keeps no books on a call: no at-most-once memory (no digest of
+  the call, no lookup of its id, no record of it, no cached answer), no check of its arguments
+  against the tool's signature, no per-tool statistics, no read of the worker's output pipes after
+  its reply. Unsafe (a resent id runs again, bad arguments reach the tool): it bounds what any
+  trimming of that bookkeeping could buy, not a cut to make.
 
 Exits 3 if a patch's target no longer exists (the code moved on): the what-if is then not
 measured rather than measured wrong.
@@ -19,10 +25,26 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable
+from typing import Any
 
-PATCHES: dict[str, tuple[str, str, Callable[[], object]]] = {
-    "nospin": ("executor.pool", "SPIN_AFTER_DISPATCH", lambda: 0.0),
-    "noclearrefs": ("executor.workers.worker", "_reset_peak_rss", lambda: (lambda: None)),
+
+def _nothing(*_args: Any) -> None:
+    return None
+
+
+# name: [(module, attribute or Class.attribute, its replacement)]
+PATCHES: dict[str, list[tuple[str, str, Callable[[], object]]]] = {
+    "nospin": [("executor.pool", "SPIN_AFTER_DISPATCH", lambda: 0.0)],
+    "nobookkeeping": [
+        ("executor.supervisor", "fingerprint", lambda: lambda call: (0, 0)),
+        ("executor.calls", "CallTable.seen", lambda: _nothing),
+        ("executor.calls", "AtMostOnce.record", lambda: _nothing),
+        ("executor.calls", "AtMostOnce.remember", lambda: _nothing),
+        ("protocol.spec", "ToolSpec.bind", lambda: lambda self, args, kwargs: {}),
+        ("protocol.spec", "ToolSpec.check_arguments", lambda: _nothing),
+        ("executor.metrics", "CallStats.observe", lambda: _nothing),
+        ("executor.slot", "Worker.drain", lambda: _nothing),
+    ],
 }
 
 
@@ -36,12 +58,16 @@ def main(argv: list[str]) -> int:
         if name not in PATCHES:
             print(f"bench_whatif: unknown patch {name!r} (known: {', '.join(PATCHES)})", file=sys.stderr)
             return 2
-        module_name, attr, value = PATCHES[name]
-        module = importlib.import_module(module_name)
-        if not hasattr(module, attr):
-            print(f"bench_whatif: {module_name}.{attr} no longer exists; patch {name} cannot apply", file=sys.stderr)
-            return 3
-        setattr(module, attr, value())
+        for module_name, path, value in PATCHES[name]:
+            *owners, attr = path.split(".")
+            target: Any = importlib.import_module(module_name)
+            for owner in owners:
+                target = getattr(target, owner, None)
+            if target is None or not hasattr(target, attr):
+                print(f"bench_whatif: {module_name}.{path} no longer exists; patch {name} cannot apply",
+                      file=sys.stderr)
+                return 3
+            setattr(target, attr, value())
     from executor.cli import main as executor_main
 
     return executor_main(argv[split + 1 :])
