@@ -4,23 +4,20 @@ controller/ is patched):
 - **timestamps**: the ``stamp`` tool returns CLOCK_MONOTONIC as the tool runs; a plain DEALER
   client takes its own before encoding, after sending, on receipt and after decoding; so each round
   trip splits into client encode+send / request path (client -> tool) / reply path (tool -> client)
-  / client decode, and ``ExecutorClient``'s extra cost (its I/O thread hand-off and future) shows as
+  / client decode, and ``ExecutorClient``'s extra cost (its loop and future) shows as
   the difference to the plain DEALER on each path;
 - **CPU per call** of every process and thread on the path (client, supervisor, its ZeroMQ I/O
   thread, the worker), from ``/proc/PID/task/TID/schedstat`` (nanoseconds run, times scheduled)
   around blocks of calls;
 - **the floors of both hops**: a bare ZeroMQ ipc echo (client <-> supervisor) and a bare
   socketpair echo with the worker channel's framing (supervisor <-> worker), between two processes;
-- **the codec on each hop**, timed in-process on the real frames of a real call;
-- **an A/B of the per-call log line**: the same executor started with ``--log-level warning``.
+- **the codec on each hop**, timed in-process on the real frames of a real call.
 
 All of it runs in interleaved rounds in one run."""
 
 from __future__ import annotations
 
 import contextlib
-import io
-import logging
 import os
 import resource
 import statistics
@@ -41,7 +38,6 @@ from .registry import Context, figure
 
 WORKER_REPLY: dict[str, Any] = {"ok": True, "value": None, "wall_s": 1.2e-6, "cpu_s": 0.0, "peak_rss_kb": 31337,
                                 "signals": [], "seq": 1}
-LOG_FORMAT = "ciayn-executor[%(process)d] %(levelname)s %(message)s"
 
 
 def _schedstat(pid: int) -> dict[str, list[int]]:
@@ -142,14 +138,6 @@ def codec_steps(dealer: Dealer, repeat: int) -> dict[str, dict[str, Any]]:
     spec = ToolSpec.from_function(tools.noop)
     channel_request = HEADER.pack(0) + msgpack.packb(CHANNEL_REQUEST, use_bin_type=True)
     channel_reply = msgpack.packb(WORKER_REPLY, use_bin_type=True)
-    logger = logging.getLogger("ciayn-bench-logline")
-    logger.propagate = False
-    sink = io.StringIO()
-    handler = logging.StreamHandler(sink)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    logger.handlers[:] = [handler]
-    logger.setLevel(logging.INFO)
-
     clear_refs = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
 
     def reset_peak_rss() -> None:
@@ -159,12 +147,6 @@ def codec_steps(dealer: Dealer, repeat: int) -> dict[str, dict[str, Any]]:
         resource.getrusage(resource.RUSAGE_SELF)
         resource.getrusage(resource.RUSAGE_CHILDREN)
         resource.getrusage(resource.RUSAGE_SELF)
-
-    def log_line() -> None:
-        logger.info("call %s %s: %s%s", call.id, call.tool, "ok", " 0.1ms")
-        if sink.tell() > 1 << 20:
-            sink.seek(0)
-            sink.truncate()
 
     steps: dict[str, tuple[str, Callable[[], Any]]] = {
         "client: encode the call": ("client", lambda: encode(Call(id=call.id, tool="noop"))),
@@ -179,14 +161,12 @@ def codec_steps(dealer: Dealer, repeat: int) -> dict[str, dict[str, Any]]:
         "worker: pack the reply": ("worker", lambda: HEADER.pack(60) + msgpack.packb(WORKER_REPLY, use_bin_type=True)),
         "supervisor: unpack the reply": ("supervisor", lambda: msgpack.unpackb(channel_reply, raw=False)),
         "supervisor: encode the result": ("supervisor", lambda: encode(result)),
-        "supervisor: the per-call log line (info)": ("supervisor", log_line),
         "client: decode the result": ("client", lambda: decode(reply)),
     }
     out = {}
     for name, (where, fn) in steps.items():
         timing = measure(fn, repeat)
         out[name] = {"where": where, "us": timing["median_us"]}
-    logger.handlers.clear()
     os.close(clear_refs)
     return out
 
@@ -208,11 +188,8 @@ def call_path(context: Context) -> dict[str, Any]:
         chan = ChannelEcho()
         stack.callback(chan.close)
         running = stack.enter_context(direct(workers=1, extra=lean))
-        quiet = stack.enter_context(direct(workers=1, extra=lean, log_level="warning"))
         dealer = Dealer(running.endpoint, "plain DEALER")
         stack.callback(dealer.close)
-        quiet_dealer = Dealer(quiet.endpoint, "plain DEALER, executor at --log-level warning")
-        stack.callback(quiet_dealer.close)
         client = ClientCalls(running.client, "ExecutorClient")
         fresh_dealer: Dealer | None = None
         if lean:
@@ -223,7 +200,6 @@ def call_path(context: Context) -> dict[str, Any]:
         meter = CpuMeter(running.roots[0])
         floor: list[float] = []
         channel: list[float] = []
-        quiet_times: list[float] = []
         stamped: list[tuple[int, int, int, int, int]] = []
         fresh_stamped: list[tuple[int, int, int, int, int]] = []
         client_stamped: list[tuple[int, int, int]] = []
@@ -247,7 +223,6 @@ def call_path(context: Context) -> dict[str, Any]:
             before = meter.snapshot(before=True)
             stamped += dealer.stamped(n)
             meter.add(before, meter.snapshot(before=False), n)
-            quiet_times += quiet_dealer.block(n)
             client_stamped += client.stamped(n)
             if fresh_dealer is not None:
                 before = fresh_meter.snapshot(before=True)
@@ -272,7 +247,6 @@ def call_path(context: Context) -> dict[str, Any]:
     dealer_reply = p50_us([t3 - tt for _t0, _t1, tt, _t2, t3 in stamped])
     floor_us = summarize(floor)["p50"]
     channel_us = summarize(channel)["p50"]
-    quiet_us = summarize(quiet_times)["p50"]
     cpu = meter.per_call()
 
     def step(name: str) -> float:
@@ -304,8 +278,8 @@ def call_path(context: Context) -> dict[str, Any]:
     reply_known = {
         "worker: pack the reply (codec)": step("worker: pack the reply"),
         "channel hop worker -> supervisor (half the socketpair floor)": channel_us / 2,
-        "supervisor: unpack + encode result + log line (codec)": step("supervisor: unpack the reply")
-        + step("supervisor: encode the result") + step("supervisor: the per-call log line (info)"),
+        "supervisor: unpack + encode result (codec)": step("supervisor: unpack the reply")
+        + step("supervisor: encode the result"),
         "ZeroMQ hop supervisor -> client (half the echo floor)": floor_us / 2,
     }
     request_path = split["request path: sent -> tool runs"]
@@ -323,14 +297,13 @@ def call_path(context: Context) -> dict[str, Any]:
     return measured(
         title="Where a no-op call's time goes (per-hop breakdown)",
         method=("plain DEALER calls of the `stamp` tool (returns CLOCK_MONOTONIC in the worker) interleaved with both "
-                "floors, an executor at --log-level warning and ExecutorClient calls; CPU from "
+                "floors and ExecutorClient calls; CPU from "
                 "/proc/PID/task/TID/schedstat around the DEALER blocks; codec steps timed in-process on a real "
                 "call's frames; one-way hops taken as half their floor's round trip"),
         calls=len(stamped),
         round_trip_us={
             "plain DEALER (p50)": dealer_total,
             "ExecutorClient (p50)": round(client_request + client_reply, 2),
-            "plain DEALER, executor at --log-level warning (p50)": quiet_us,
             "floor: bare ZeroMQ echo (p50)": floor_us,
             "floor: bare socketpair echo, worker channel framing (p50)": channel_us,
         },
@@ -339,11 +312,10 @@ def call_path(context: Context) -> dict[str, Any]:
         executor_client_us={
             "request: call() -> tool runs": client_request,
             "reply: tool ran -> call() returns": client_reply,
-            "extra over plain DEALER, request side (thread hand-off, future)":
+            "extra over plain DEALER, request side (its loop, future)":
                 round(client_request - dealer_request, 2),
-            "extra over plain DEALER, reply side (thread hand-off, future)": round(client_reply - dealer_reply, 2),
+            "extra over plain DEALER, reply side (its loop, future)": round(client_reply - dealer_reply, 2),
         },
-        log_line_ab_us=round(dealer_total - quiet_us, 2),
         hops_us=hops,
         codec_us=steps,
         cpu_per_call=cpu,

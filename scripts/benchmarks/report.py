@@ -370,8 +370,8 @@ def table_call_path(f: dict[str, Any]) -> list[str]:
     rows += [f"| for comparison: the floor's echo server, per round trip | "
              f"{f.get('floor_echo_server_cpu_per_round_trip_us', 0):.1f} | |"]
     ec = f["executor_client_us"]
-    extra = (ec["extra over plain DEALER, request side (thread hand-off, future)"]
-             + ec["extra over plain DEALER, reply side (thread hand-off, future)"])
+    extra = (ec["extra over plain DEALER, request side (its loop, future)"]
+             + ec["extra over plain DEALER, reply side (its loop, future)"])
     total, echo = rt["plain DEALER (p50)"], rt["floor: bare ZeroMQ echo (p50)"]
     channel = rt["floor: bare socketpair echo, worker channel framing (p50)"]
     codec = sum(float(s["us"]) for s in f["codec_us"].values())
@@ -381,8 +381,7 @@ def table_call_path(f: dict[str, Any]) -> list[str]:
                 f"wake-ups: the supervisor's main thread alone spends "
                 f"{f['supervisor_main_thread_beyond_codec_us']:.0f} us of CPU per call beyond its codec steps, where "
                 f"the echo server spends {f.get('floor_echo_server_cpu_per_round_trip_us', 0):.0f} us in all. "
-                f"`ExecutorClient`'s thread hand-off adds {extra:.0f} us; the per-call info log line is "
-                f"worth {f['log_line_ab_us']:.0f} us in an A/B run (noise can make it negative).")
+                f"`ExecutorClient` adds {extra:.0f} us over a plain DEALER.")
     fresh = f.get("fresh_worker_per_call")
     if fresh:
         sentence += (" With the default flags every call gets a freshly forked worker: "
