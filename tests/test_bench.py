@@ -93,6 +93,10 @@ def test_call_path_breakdown_faults_pool_ciayn_and_memory_have_their_numbers(
     assert _ok(path, "call_path")
     assert path["hops_us"] and path["codec_us"] and path["split_us"] and path["executor_client_us"]
     assert any(name.startswith("supervisor") for name in path["cpu_per_call"]), path["cpu_per_call"]
+    assert path["paced"]["calls"] >= 4 and path["paced"]["split_us"]["round trip"] > 0
+    assert path["paced"]["floor_echo_p50_us"] > 0
+    weight = figures["weight"]
+    assert _ok(weight, "weight") and weight["p50_us"]["zmq_echo_paced"] > 0
     cuts = figures["call_path_cuts"]
     assert _ok(cuts, "call_path_cuts") and _ok(cuts["entries"]["as shipped"], "cuts: as shipped")
     for name, entry in cuts["entries"].items():

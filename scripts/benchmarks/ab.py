@@ -25,10 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .callpath import CpuMeter
-from .contestants import ClientCalls
+from .contestants import ClientCalls, Paced
 from .executors import Running, direct
 from .paths import ROOT
-from .weight import Paced
 
 
 @contextlib.contextmanager

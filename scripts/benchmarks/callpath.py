@@ -21,6 +21,7 @@ import contextlib
 import os
 import resource
 import statistics
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +31,7 @@ from protocol import Call, ToolSpec, decode, encode
 
 from . import report, tools
 from .archtemplate import HEADER
-from .contestants import CHANNEL_REQUEST, ChannelEcho, ClientCalls, Dealer, ZmqEcho
+from .contestants import CHANNEL_REQUEST, PAUSE_S, ChannelEcho, ClientCalls, Dealer, Paced, ZmqEcho
 from .executors import direct
 from .parse import measure
 from .record import log, measured, summarize
@@ -203,6 +204,8 @@ def call_path(context: Context) -> dict[str, Any]:
         stamped: list[tuple[int, int, int, int, int]] = []
         fresh_stamped: list[tuple[int, int, int, int, int]] = []
         client_stamped: list[tuple[int, int, int]] = []
+        paced_stamped: list[tuple[int, int, int, int, int]] = []  # calls PAUSE_S apart, as an agent's come
+        paced_floor: list[float] = []
 
         def n_for(block: Any) -> int:
             block(10)
@@ -211,6 +214,7 @@ def call_path(context: Context) -> dict[str, Any]:
         n = n_for(dealer.block)
         n_echo = min(n * 4, 2000)
         n_fresh = n_for(fresh_dealer.block) if fresh_dealer else 0
+        n_paced = max(2, int(sizes.path_block_s / PAUSE_S))
         log(f"call path ({'--reuse-workers' if lean else 'default flags'}): {sizes.path_rounds} interleaved rounds "
             f"of {n} calls per contestant")
         echo_cpu = [0, 0]  # the echo server's own CPU for the floor's round trips, and how many
@@ -224,6 +228,10 @@ def call_path(context: Context) -> dict[str, Any]:
             stamped += dealer.stamped(n)
             meter.add(before, meter.snapshot(before=False), n)
             client_stamped += client.stamped(n)
+            paced_floor += Paced(echo).block(n_paced)
+            for _ in range(n_paced):
+                time.sleep(PAUSE_S)
+                paced_stamped += dealer.stamped(1)
             if fresh_dealer is not None:
                 before = fresh_meter.snapshot(before=True)
                 fresh_stamped += fresh_dealer.stamped(n_fresh)
@@ -234,13 +242,17 @@ def call_path(context: Context) -> dict[str, Any]:
     def p50_us(values: list[int]) -> float:
         return round(statistics.median(values) / 1000, 2)
 
+    def split_of(rows: list[tuple[int, int, int, int, int]]) -> dict[str, float]:
+        return {
+            "client: encode + send": p50_us([t1 - t0 for t0, t1, _tt, _t2, _t3 in rows]),
+            "request path: sent -> tool runs": p50_us([tt - t1 for _t0, t1, tt, _t2, _t3 in rows]),
+            "reply path: tool ran -> client has the frames": p50_us([t2 - tt for _t0, _t1, tt, t2, _t3 in rows]),
+            "client: decode": p50_us([t3 - t2 for _t0, _t1, _tt, t2, t3 in rows]),
+            "round trip": p50_us([t3 - t0 for t0, _t1, _tt, _t2, t3 in rows]),
+        }
+
     dealer_total = p50_us([t3 - t0 for t0, _t1, _tt, _t2, t3 in stamped])
-    split = {
-        "client: encode + send": p50_us([t1 - t0 for t0, t1, _tt, _t2, _t3 in stamped]),
-        "request path: sent -> tool runs": p50_us([tt - t1 for _t0, t1, tt, _t2, _t3 in stamped]),
-        "reply path: tool ran -> client has the frames": p50_us([t2 - tt for _t0, _t1, tt, t2, _t3 in stamped]),
-        "client: decode": p50_us([t3 - t2 for _t0, _t1, _tt, t2, t3 in stamped]),
-    }
+    split = split_of(stamped)
     client_request = p50_us([tt - t0 for t0, tt, _t2 in client_stamped])
     client_reply = p50_us([t2 - tt for _t0, tt, t2 in client_stamped])
     dealer_request = p50_us([tt - t0 for t0, _t1, tt, _t2, _t3 in stamped])
@@ -309,6 +321,8 @@ def call_path(context: Context) -> dict[str, Any]:
         },
         ratio_dealer_to_floor=round(dealer_total / floor_us, 2) if floor_us else None,
         split_us=split,
+        paced={"pause_s": PAUSE_S, "calls": len(paced_stamped), "split_us": split_of(paced_stamped),
+               "floor_echo_p50_us": summarize(paced_floor)["p50"]},
         executor_client_us={
             "request: call() -> tool runs": client_request,
             "reply: tool ran -> call() returns": client_reply,

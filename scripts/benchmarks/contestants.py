@@ -16,7 +16,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 import zmq
@@ -32,6 +32,7 @@ KERNEL_TIMEOUT = 60.0
 ANSWER_TIMEOUT_MS = 10_000  # a plain-DEALER peer's answer to one call
 ECHO_BODY = {"tool": "noop", "args": [], "kwargs": {}, "id": "0" * 32}
 CHANNEL_REQUEST = {"seq": 1, "tool": "noop", "args": [], "kwargs": {}, "limits": None}
+PAUSE_S = 0.02  # between calls "at agent pacing": every process is asleep when the next one comes
 
 
 def start_peer(*args: str, pass_fds: tuple[int, ...] = (), module: str = "peers") -> subprocess.Popen[str]:
@@ -373,3 +374,21 @@ class JupyterKernel:
 def _check(result: Any) -> None:
     if not isinstance(result, Result) or not result.ok:
         raise RuntimeError(f"a benchmark call failed: {result}")
+
+
+class Calls(Protocol):
+    def block(self, n: int) -> list[float]: ...
+
+
+class Paced:
+    """``inner``'s calls ``PAUSE_S`` apart (the pause not timed)."""
+
+    def __init__(self, inner: Calls) -> None:
+        self.inner = inner
+
+    def block(self, n: int) -> list[float]:
+        out: list[float] = []
+        for _ in range(n):
+            time.sleep(PAUSE_S)
+            out += self.inner.block(1)
+        return out

@@ -33,6 +33,7 @@ from controller import ExecutorClient, LocalExecutor
 from protocol import Call
 
 from . import report
+from .contestants import PAUSE_S
 from .paths import RESULTS, ROOT
 from .record import log, measured
 from .registry import Context, figure
@@ -40,7 +41,6 @@ from .registry import Context, figure
 TITLE = "What a fresh worker per call costs (scripts/benchmarks/fresh.py)"
 
 TOOLS = str(ROOT / "tests" / "tools" / "faulty.py")
-PAUSE_S = 0.02  # between calls at low load
 
 
 def _p50_us(samples: list[float]) -> float:

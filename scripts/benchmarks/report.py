@@ -336,6 +336,8 @@ def table_weight(f: dict[str, Any]) -> list[str]:
             f"{_fmt_us(cpu['reuse_workers'])} |",
             f"| --reuse-workers, calls 20 ms apart | {_fmt_us(p50['reuse_paced'])} | |",
             f"| bare ZeroMQ echo | {_fmt_us(p50['zmq_echo'])} | |"]
+    if "zmq_echo_paced" in p50:  # (results written before it have none)
+        rows.append(f"| bare ZeroMQ echo, 20 ms apart | {_fmt_us(p50['zmq_echo_paced'])} | |")
     if "arch_fresh_back_to_back" in p50:  # (results written before archfloor.py have none)
         rows += [f"| the bare architecture, fresh, back to back | {_fmt_us(p50['arch_fresh_back_to_back'])} | "
                  f"{_fmt_us(cpu['arch_fresh'])} |",
@@ -350,6 +352,14 @@ def table_weight(f: dict[str, Any]) -> list[str]:
                 f"template holds {f['template_private_mb']} MB of memory no worker shares (the rest it shares "
                 f"with the workers forked from it; the floor's process, which has no child then, "
                 f"{floor['private_mb']} MB). The per-process split is in results.json.")
+    if "zmq_echo_paced" in p50:
+        sentence += (f" Calls 20 ms apart, as an agent's come, find every process asleep: the echo itself then takes "
+                     f"{p50['zmq_echo_paced'] / p50['zmq_echo']:.1f}x its back-to-back time on this machine, and "
+                     f"against the echo at that pace --reuse-workers costs "
+                     f"{p50['reuse_paced'] / p50['zmq_echo_paced']:.1f}x and a fresh worker "
+                     f"{p50['fresh_paced'] / p50['zmq_echo_paced']:.1f}x (back to back: "
+                     f"{p50['reuse_back_to_back'] / p50['zmq_echo']:.1f}x and "
+                     f"{p50['fresh_back_to_back'] / p50['zmq_echo']:.1f}x).")
     scaling = ["| workers (tool sleeps 100 ms, fresh workers) | calls/s | of linear |", "|---|---|---|"]
     scaling += [f"| {n} | {row['calls_per_s']:.1f} | {row['of_linear']:.2f} |"
                 for n, row in f.get("scaling_100ms", {}).items()]
@@ -388,6 +398,19 @@ def table_call_path(f: dict[str, Any]) -> list[str]:
                      f"{fresh['round_trip_us']:.0f} us per no-op call, "
                      f"{fresh['extra_over_reuse_workers_us']:.0f} us more than reusing one, and "
                      f"{fresh['cpu_per_call_total_us']:.0f} us of CPU per call over all processes.")
+    paced = f.get("paced")
+    if paced:  # (results written before it have none)
+        back, apart = f["split_us"], paced["split_us"]
+        rows += ["", f"| one call (plain DEALER, p50) | back to back | {paced['pause_s'] * 1000:g} ms apart | "
+                 "apart / back to back |", "|---|---|---|---|"]
+        rows += [f"| {k} | {back[k]:.0f} us | {v:.0f} us | {v / back[k]:.1f}x |" for k, v in apart.items()
+                 if back.get(k)]
+        rows.append(f"| floor: bare ZeroMQ echo | {echo:.0f} us | {paced['floor_echo_p50_us']:.0f} us | "
+                    f"{paced['floor_echo_p50_us'] / echo:.1f}x |")
+        sentence += (f" Calls {paced['pause_s'] * 1000:g} ms apart, as an agent's come, find every process asleep "
+                     "and its caches cold: each step of the path then takes several times as long, the echo "
+                     f"{paced['floor_echo_p50_us'] / echo:.1f}x, the executor's whole round trip "
+                     f"{apart['round trip'] / back['round trip']:.1f}x: its Python costs more the less often it runs.")
     return [f"**{f['title']}** ({f['method']})", "", *rows, "", sentence, ""]
 
 

@@ -10,7 +10,8 @@ Side by side, in interleaved rounds on the same machine:
 - a no-op call to a fresh-worker executor (the default) and to a ``--reuse-workers`` one, back to
   back and 20 ms apart (as an agent's calls come), and the CPU each call costs in all processes
   together (this client, the supervisor, the template, the workers: scheduler counters);
-- the floor of the wire: a bare pyzmq DEALER/ROUTER msgpack echo;
+- the floor of the wire: a bare pyzmq DEALER/ROUTER msgpack echo, back to back and 20 ms apart (at
+  that pace every process is asleep when a call comes, and the echo itself is slower);
 - **the floor of the architecture** (scripts/benchmarks/archfloor.py): the same processes and hops as
   a no-op call of ours, fresh and reused, with nothing else on them (no limits, groups, pipes,
   checks): each target's ratio is also given for it, so a target it misses itself is out of reach
@@ -37,14 +38,14 @@ import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from protocol import Call
 
 from . import report
 from .archfloor import ArchFloor
 from .callpath import CpuMeter
-from .contestants import ClientCalls, JupyterKernel, ZmqEcho
+from .contestants import ClientCalls, JupyterKernel, Paced, ZmqEcho
 from .executors import BENCH_TOOLS, direct
 from .forkfloor import private_kb
 from .fresh import _throughput
@@ -54,7 +55,6 @@ from .registry import Context, figure
 
 TITLE = "A fresh worker per call against the template's fork floor (scripts/benchmarks/weight.py)"
 
-PAUSE_S = 0.02  # between calls "at agent pacing"
 SCALING_NAP_MS = 100.0  # the scaling's tool sleeps this long: the ideal is 1000 / SCALING_NAP_MS calls/s a worker
 SCALING_WORKERS = (1, 2, 4, 8, 16)
 
@@ -91,24 +91,6 @@ class ForkFloor:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         self.proc.wait(10)
-
-
-class Calls(Protocol):
-    def block(self, n: int) -> list[float]: ...
-
-
-class Paced:
-    """Calls ``PAUSE_S`` apart (the pause not timed)."""
-
-    def __init__(self, inner: Calls) -> None:
-        self.inner = inner
-
-    def block(self, n: int) -> list[float]:
-        out: list[float] = []
-        for _ in range(n):
-            time.sleep(PAUSE_S)
-            out += self.inner.block(1)
-        return out
 
 
 def _template_pid(supervisor: int) -> int:
@@ -185,7 +167,7 @@ def run(quick: bool = False, python: str = sys.executable, size: tuple[int, int,
         meters = {"fresh": CpuMeter(fresh.roots[0]), "reuse_workers": CpuMeter(reuse.roots[0]),
                   "arch_fresh": CpuMeter(arch["fresh"].pid), "arch_reuse": CpuMeter(arch["reuse"].pid)}
         blocks: dict[str, Any] = {
-            "fork_floor": floor, "zmq_echo": echo,
+            "fork_floor": floor, "zmq_echo": echo, "zmq_echo_paced": Paced(echo),
             "fresh_back_to_back": fresh_calls, "reuse_back_to_back": reuse_calls,
             "fresh_paced": Paced(fresh_calls), "reuse_paced": Paced(reuse_calls),
             "arch_fresh_back_to_back": arch["fresh"], "arch_reuse_back_to_back": arch["reuse"],
