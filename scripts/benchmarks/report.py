@@ -347,6 +347,8 @@ def table_weight(f: dict[str, Any]) -> list[str]:
                  f"| the bare architecture, reused, 20 ms apart | {_fmt_us(p50['arch_reuse_paced'])} | |"]
     if "jupyter_execute" in p50:
         rows.append(f"| Jupyter kernel execute | {_fmt_us(p50['jupyter_execute'])} | |")
+    if "jupyter_execute_paced" in p50:
+        rows.append(f"| Jupyter kernel execute, 20 ms apart | {_fmt_us(p50['jupyter_execute_paced'])} | |")
     sentence = (f"**What it means:** a fresh call costs {cpu['fresh'] / floor['cpu_us']:.1f}x the CPU of the "
                 f"template's own fork+exit+wait ({f['fresh_calls_per_s']:.0f} fresh calls/s sustained); the "
                 f"template holds {f['template_private_mb']} MB of memory no worker shares (the rest it shares "
@@ -360,6 +362,10 @@ def table_weight(f: dict[str, Any]) -> list[str]:
                      f"{p50['fresh_paced'] / p50['zmq_echo_paced']:.1f}x (back to back: "
                      f"{p50['reuse_back_to_back'] / p50['zmq_echo']:.1f}x and "
                      f"{p50['fresh_back_to_back'] / p50['zmq_echo']:.1f}x).")
+    if "jupyter_execute_paced" in p50:
+        sentence += (" A Jupyter kernel's execute at that pace takes "
+                     f"{p50['jupyter_execute_paced'] / p50['fresh_paced']:.1f}x a fresh worker's call "
+                     f"({p50['jupyter_execute'] / p50['fresh_back_to_back']:.1f}x back to back).")
     scaling = ["| workers (tool sleeps 100 ms, fresh workers) | calls/s | of linear |", "|---|---|---|"]
     scaling += [f"| {n} | {row['calls_per_s']:.1f} | {row['of_linear']:.2f} |"
                 for n, row in f.get("scaling_100ms", {}).items()]

@@ -16,7 +16,7 @@ Side by side, in interleaved rounds on the same machine:
   a no-op call of ours, fresh and reused, with nothing else on them (no limits, groups, pipes,
   checks): each target's ratio is also given for it, so a target it misses itself is out of reach
   of the architecture, not of our code;
-- a Jupyter kernel executing the same no-op (where ipykernel is installed);
+- a Jupyter kernel executing the same no-op (where ipykernel is installed), back to back and 20 ms apart;
 - sustained fresh calls/s with 100 in flight on 2 workers; the template's own private memory;
 - the pool's scaling in the default mode: a tool that sleeps 100 ms on 1, 2, 4, 8 and 16 workers,
   each kept busy (2 calls in flight per worker), against the ideal of 10 calls/s per worker.
@@ -175,6 +175,7 @@ def run(quick: bool = False, python: str = sys.executable, size: tuple[int, int,
         }
         if jupyter is not None:
             blocks["jupyter_execute"] = jupyter
+            blocks["jupyter_execute_paced"] = Paced(jupyter)
         metered = {"fresh_back_to_back": meters["fresh"], "reuse_back_to_back": meters["reuse_workers"],
                    "arch_fresh_back_to_back": meters["arch_fresh"], "arch_reuse_back_to_back": meters["arch_reuse"]}
         for _ in range(rounds):
@@ -186,7 +187,7 @@ def run(quick: bool = False, python: str = sys.executable, size: tuple[int, int,
                     time.sleep(0.3)  # fresh workers that answered are killed once the executor is quiet
                     meter.add(before, meter.snapshot(before=False), per_round)
                 else:
-                    samples.setdefault(name, []).extend(block.block(per_round if name != "jupyter_execute"
+                    samples.setdefault(name, []).extend(block.block(per_round if not name.startswith("jupyter")
                                                                     else max(5, per_round // 4)))
         for mode, meter in meters.items():
             cpu_us[mode] = round(sum(c["cpu_us"] for c in meter.per_call().values()), 1)
