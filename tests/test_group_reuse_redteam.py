@@ -4,6 +4,7 @@ accounting of the next call given those groups. Tools: tests/tools/group_reuse_a
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -132,7 +133,7 @@ def test_control_files_a_call_wrote_are_a_fresh_groups_again_for_the_next_worker
 
 
 def test_tcp_still_works_for_a_call_in_a_group_whose_tcp_memory_limit_a_call_cut(
-        make_client: Callable[..., ExecutorClient]) -> None:
+        make_client: Callable[..., ExecutorClient], cleanup: None) -> None:
     """What the stale memory.kmem.tcp.limit_in_bytes does to the next call (v1): only pressure, no failure."""
     client = _client(make_client)
     tampered = _value(client, "tamper")
@@ -140,10 +141,11 @@ def test_tcp_still_works_for_a_call_in_a_group_whose_tcp_memory_limit_a_call_cut
         if _value(client, "name") == tampered:
             break
     seen = []
+    note = Path(f"/tmp/ciayn-redteam-note-tcp-{os.getpid()}")
     for _ in range(ROUNDS):  # the group now goes round: some of these calls run in it
-        result = client.call(Call(tool="tcp_echo", kwargs={"kb": 8192}), timeout=15)
+        result = client.call(Call(tool="tcp_echo", kwargs={"kb": 8192, "note": str(note)}), timeout=15)
         assert result.ok and result.value == 8192 * 1024, result
-        seen.append(_value(client, "name"))
+        seen.append(note.read_text())  # the group this call ran in (a call between would take another)
     assert tampered in seen, (tampered, seen)
 
 

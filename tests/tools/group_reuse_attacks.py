@@ -89,10 +89,14 @@ def tamper() -> str:
 
 
 @tool
-def tcp_echo(kb: int = 4096) -> int:
-    """Send ``kb`` KiB through a loopback TCP connection and read them back; how many bytes came back."""
+def tcp_echo(kb: int = 4096, note: str = "") -> int:
+    """Send ``kb`` KiB through a loopback TCP connection and read them back; how many bytes came back
+    (after writing the memory group's name to ``note``, if given)."""
     import socket
     import threading
+
+    if note:
+        Path(note).write_text(_memory().name)
 
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
