@@ -32,6 +32,7 @@ from executor.calls import Job
 from executor.keeper import KILL_GRACE, REPLACE_WAIT, TemplateKeeper
 from executor.slot import (
     GONE,
+    HURRY,
     IDLE_READ_LIMIT,
     LIVE,
     POLL_MAX_S,
@@ -104,6 +105,7 @@ class WorkerPool:
         self.spin_until = 0.0
         self.refill_at = 0.0  # fresh workers: when the deferred replacement is forked (0: none due)
         self.refill_first = 0.0  # when it first became due
+        self.hurried_at = -HURRY  # fresh workers: when a call last had to wait for a fork
         self.sweep_due = False  # reused workers: the template should kill its stray children soon
         self.swept_at = 0.0
         self.stopping = False
@@ -275,7 +277,8 @@ class WorkerPool:
         ``REFILL_MAX_DELAY`` late), not the moment a call takes one: forking the replacement and
         setting up its control group take the CPU the running call and its answer need (on 2 cores
         that doubled a no-op call's latency). A call that waits for a worker while none is ready
-        makes the refill ``urgent``."""
+        makes the refill ``urgent``, and for ``HURRY`` after it, a worker that answers is replaced at
+        once: calls are coming back to back, and the next would wait for its fork."""
         channel = self.keeper.channel if self.keeper.serving else None
         if channel is None or self.stopping:
             return
@@ -286,7 +289,10 @@ class WorkerPool:
         missing = want - len(self.asked)
         waiting = bool(self.queued()) and not self.ready()  # a call waits for a worker while none is ready
         now = time.monotonic()
-        if missing > 0 and not urgent and not self.config.reuse and not waiting:
+        if waiting:
+            self.hurried_at = now
+        hurry = now < self.hurried_at + HURRY
+        if missing > 0 and not urgent and not self.config.reuse and not waiting and not hurry:
             if not self.refill_at:
                 self.refill_first = now
             self.refill_at = min(self.refill_first + REFILL_MAX_DELAY, now + REFILL_QUIET)
@@ -295,9 +301,9 @@ class WorkerPool:
         if missing > 0:  # the answered workers' teardown goes before the new ones' forks
             for worker in [w for w in self.workers.values() if w.phase is Phase.ANSWERED]:
                 self._end(worker, now)
-        # A worker made while a call waits with none ready is needed at once: a rehearsal would only
+        # A worker made while calls wait or come back to back is needed at once: a rehearsal would only
         # delay it. One made ahead (at start, or once the pool is quiet) takes its faults before its call.
-        rehearse = not self.config.reuse and not waiting
+        rehearse = not self.config.reuse and not waiting and not hurry
         for _ in range(missing):
             self.next_id += 1
             self.asked[self.next_id] = now
