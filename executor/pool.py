@@ -277,8 +277,9 @@ class WorkerPool:
         ``REFILL_MAX_DELAY`` late), not the moment a call takes one: forking the replacement and
         setting up its control group take the CPU the running call and its answer need (on 2 cores
         that doubled a no-op call's latency). A call that waits for a worker while none is ready
-        makes the refill ``urgent``, and for ``HURRY`` after it, a worker that answers is replaced at
-        once: calls are coming back to back, and the next would wait for its fork."""
+        makes the refill ``urgent``, and for ``HURRY`` after it no refill waits: the worker a call
+        takes is replaced at once, since calls are coming back to back and the next would wait for
+        its fork."""
         channel = self.keeper.channel if self.keeper.serving else None
         if channel is None or self.stopping:
             return

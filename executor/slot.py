@@ -49,8 +49,8 @@ RETIRE_GRACE = 2.0  # ENDED: a killed answered worker whose exit is not reported
 WAIT = {Phase.STARTING: START_TIMEOUT, Phase.CLOSED: EXIT_STATUS_WAIT, Phase.KILLED: KILL_GRACE,
         Phase.ANSWERED: REFILL_MAX_DELAY, Phase.ENDED: RETIRE_GRACE}
 REFILL_QUIET = 0.002  # fresh workers: a replacement is forked once the pool has been quiet this long...
-# ...or REFILL_MAX_DELAY after it was first due, whichever comes first; but for HURRY after a call had to
-HURRY = 0.05  # wait for a fork (calls come back to back), at once and not rehearsed: its call is coming
+# ...or REFILL_MAX_DELAY after it was first due, whichever comes first...
+HURRY = 0.05  # ...but at once, not rehearsed, for this long after a call had to wait for a fork (back to back)
 SWEEP_INTERVAL = 0.2  # reused workers: the template kills stray children at most this often (it costs a /proc read)
 SPIN_AFTER_DISPATCH = 0.0003  # seconds of polling without sleep after a dispatch (quick calls' replies)
 TEND_WHILE_SPINNING = 0.001  # while it spins, the supervisor tends its timers at most this often
