@@ -7,9 +7,10 @@
 (from this tree's root). Starts one executor from each tree (``PYTHONPATH`` names the tree, and the
 executors start in an empty directory: ``python -m`` would put their working directory first on
 their ``sys.path``, ahead of ``PYTHONPATH``) with the same flags, then times no-op calls in
-interleaved rounds, back to back and 20 ms apart, with the CPU each call costs in all processes
-(client, supervisor, template, workers; ``callpath.CpuMeter``). Prints one table of p50s and CPU,
-with after/before ratios. For a change to the call path, quote these ratios in the commit.
+interleaved rounds, back to back, 20 ms apart and from 3 clients in bursts of 5 calls 20 ms apart
+(``contestants.Bursts``), with the CPU each call back to back costs in all processes (client,
+supervisor, template, workers; ``callpath.CpuMeter``). Prints one table of p50s and CPU, with
+after/before ratios. For a change to the call path, quote these ratios in the commit.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .callpath import CpuMeter
-from .contestants import ClientCalls, Paced
+from .contestants import Bursts, ClientCalls, Paced
 from .executors import Running, direct
 from .paths import ROOT
 
@@ -75,23 +76,27 @@ def main(argv: list[str] | None = None) -> int:
                 running[name] = stack.enter_context(direct(args.workers, extra=extra + flags[name],
                                                            log_level="warning"))
         calls = {name: ClientCalls(r.client, name) for name, r in running.items()}
+        bursts = {name: Bursts(r.endpoint) for name, r in running.items()}
         meters = {name: CpuMeter(r.roots[0]) for name, r in running.items()}
         b2b: dict[str, list[float]] = {name: [] for name in trees}
         paced: dict[str, list[float]] = {name: [] for name in trees}
+        bursty: dict[str, list[float]] = {name: [] for name in trees}
         for _ in range(args.rounds):
             for name in trees:
                 b2b[name] += _cpu_block(meters[name], calls[name], args.calls)
                 paced[name] += Paced(calls[name]).block(args.calls // 2)
+                bursty[name] += bursts[name].block(args.calls // 2)
     rows = {}
     for name in trees:
         cpu = meters[name].per_call()
         rows[name] = (statistics.median(b2b[name]) * 1e6, statistics.median(paced[name]) * 1e6,
-                      sum(c["cpu_us"] for c in cpu.values()), cpu)
-    print(f"{'':8} {'p50 back to back':>18} {'p50 20 ms apart':>16} {'CPU per call':>13}")
-    for name, (a, b, c, _) in rows.items():
-        print(f"{name:8} {a:16.0f}us {b:14.0f}us {c:11.0f}us")
+                      statistics.median(bursty[name]) * 1e6, sum(c["cpu_us"] for c in cpu.values()), cpu)
+    print(f"{'':8} {'p50 back to back':>18} {'p50 20 ms apart':>16} {'p50 3 clients, bursts':>22} {'CPU per call':>13}")
+    for name, (a, b, c, d, _) in rows.items():
+        print(f"{name:8} {a:16.0f}us {b:14.0f}us {c:20.0f}us {d:11.0f}us")
     before, after = rows["before"], rows["after"]
-    print(f"{'after/before':8} {after[0] / before[0]:17.3f} {after[1] / before[1]:15.3f} {after[2] / before[2]:12.3f}")
+    print(f"{'after/before':8} {after[0] / before[0]:17.3f} {after[1] / before[1]:15.3f} "
+          f"{after[2] / before[2]:21.3f} {after[3] / before[3]:12.3f}")
     for name, (*_, cpu) in rows.items():
         print(f"{name}: " + ", ".join(f"{k} {v['cpu_us']:.0f}" for k, v in cpu.items()))
     return 0

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -33,6 +34,7 @@ ANSWER_TIMEOUT_MS = 10_000  # a plain-DEALER peer's answer to one call
 ECHO_BODY = {"tool": "noop", "args": [], "kwargs": {}, "id": "0" * 32}
 CHANNEL_REQUEST = {"seq": 1, "tool": "noop", "args": [], "kwargs": {}, "limits": None}
 PAUSE_S = 0.02  # between calls "at agent pacing": every process is asleep when the next one comes
+BURSTS = (3, 5)  # ``Bursts``: clients at once, calls a burst (PAUSE_S between bursts)
 
 
 def start_peer(*args: str, pass_fds: tuple[int, ...] = (), module: str = "peers") -> subprocess.Popen[str]:
@@ -392,3 +394,41 @@ class Paced:
             time.sleep(PAUSE_S)
             out += self.inner.block(1)
         return out
+
+
+class Bursts:
+    """Several clients at once, each sending ``BURSTS[1]`` calls back to back then pausing
+    ``PAUSE_S``: a pool's load between an agent's pace and a flood. Each block has its own clients
+    (an ``ExecutorClient`` and a thread each, one untimed call first), closed after it: nothing of
+    them runs while other blocks are timed."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+
+    def block(self, n: int) -> list[float]:
+        """``n`` calls from each client; every call's time."""
+        clients = [ExecutorClient(self.endpoint) for _ in range(BURSTS[0])]
+        out: list[list[float]] = [[] for _ in clients]
+
+        def run(client: ExecutorClient, times: list[float]) -> None:
+            _check(client.call(Call(tool="noop")))
+            for i in range(n):
+                if i and i % BURSTS[1] == 0:
+                    time.sleep(PAUSE_S)
+                t0 = time.perf_counter()
+                result = client.call(Call(tool="noop"))
+                times.append(time.perf_counter() - t0)
+                _check(result)
+
+        threads = [threading.Thread(target=run, args=(c, t)) for c, t in zip(clients, out, strict=True)]
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            for client in clients:
+                client.close()
+        if sum(map(len, out)) != n * len(clients):
+            raise RuntimeError("a client of the bursts failed (its error is above)")
+        return [t for times in out for t in times]
