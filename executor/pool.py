@@ -288,12 +288,11 @@ class WorkerPool:
         else:
             want = self.size - self.ready()
         missing = want - len(self.asked)
-        waiting = bool(self.queued()) and not self.ready()  # a call waits for a worker while none is ready
         now = time.monotonic()
-        if waiting:
+        if self.queued() and not self.ready():  # a call waits for a worker while none is ready
             self.hurried_at = now
-        hurry = now < self.hurried_at + HURRY
-        if missing > 0 and not urgent and not self.config.reuse and not waiting and not hurry:
+        hurry = now < self.hurried_at + HURRY  # (so while a call waits, too)
+        if missing > 0 and not urgent and not self.config.reuse and not hurry:
             if not self.refill_at:
                 self.refill_first = now
             self.refill_at = min(self.refill_first + REFILL_MAX_DELAY, now + REFILL_QUIET)
@@ -304,7 +303,7 @@ class WorkerPool:
                 self._end(worker, now)
         # A worker made while calls wait or come back to back is needed at once: a rehearsal would only
         # delay it. One made ahead (at start, or once the pool is quiet) takes its faults before its call.
-        rehearse = not self.config.reuse and not waiting and not hurry
+        rehearse = not self.config.reuse and not hurry
         for _ in range(missing):
             self.next_id += 1
             self.asked[self.next_id] = now
