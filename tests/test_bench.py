@@ -149,3 +149,16 @@ def test_the_fresh_worker_benchmark_records_every_figure(tmp_path: Path) -> None
     for figure in ("low_load_p50_us", "back_to_back_p50_us", "throughput_calls_per_s", "supervisor_rss_mb"):
         assert set(fresh[figure]) == {"fresh", "reuse_workers"} and all(v > 0 for v in fresh[figure].values())
     assert set(fresh["targets"]) == {"fresh_vs_reuse_low_load_p50", "fresh_throughput"}
+
+
+@pytest.mark.timeout(120)
+def test_ab_times_two_trees_side_by_side() -> None:
+    """``scripts.benchmarks.ab``, what a change to the call path quotes, at a tiny size on this tree
+    against itself: every measure has a positive pooled ratio and a range over the sessions."""
+    done = subprocess.run([*HARNESS[:2], "scripts.benchmarks.ab", ".", "--sessions", "2", "--rounds", "2",
+                           "--calls", "6"], cwd=ROOT, capture_output=True, text=True, timeout=110, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {line[:13].strip(): line[13:].split() for line in done.stdout.splitlines()}
+    assert len(rows["after/before"]) == 4 and all(float(r) > 0 for r in rows["after/before"])
+    assert len(rows["by session"]) == 12  # "low - high" for each of the four measures
+    assert "supervisor: main" in done.stdout and "template: main" in done.stdout

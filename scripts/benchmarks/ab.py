@@ -1,16 +1,18 @@
 """Before and after, side by side: the executor of another checkout against this one's, in one run.
 
     git worktree add /tmp/before HEAD~1
-    .venv/bin/python -m scripts.benchmarks.ab /tmp/before [--reuse-workers] [--rounds N] [--calls N]
+    .venv/bin/python -m scripts.benchmarks.ab /tmp/before [--reuse-workers] [--sessions N] [--rounds N]
     .venv/bin/python -m scripts.benchmarks.ab . --after-flags=--no-cgroups   what a flag costs, this tree
 
-(from this tree's root). Starts one executor from each tree (``PYTHONPATH`` names the tree, and the
-executors start in an empty directory: ``python -m`` would put their working directory first on
-their ``sys.path``, ahead of ``PYTHONPATH``) with the same flags, then times no-op calls in
+(from this tree's root). Each session starts one executor from each tree (``PYTHONPATH`` names the
+tree, and the executors start in an empty directory: ``python -m`` would put their working directory
+first on their ``sys.path``, ahead of ``PYTHONPATH``) with the same flags, then times no-op calls in
 interleaved rounds, back to back, 20 ms apart and from 3 clients in bursts of 5 calls 20 ms apart
 (``contestants.Bursts``), with the CPU each call back to back costs in all processes (client,
-supervisor, template, workers; ``callpath.CpuMeter``). Prints one table of p50s and CPU, with
-after/before ratios. For a change to the call path, quote these ratios in the commit.
+supervisor, template, workers; ``callpath.CpuMeter``). Which executor starts first, and which is
+timed first in a round, alternates. Prints one table of p50s and CPU over all sessions, with
+after/before ratios and their range over the sessions. For a change to the call path, quote these
+ratios in the commit; an A/A run (the same code on both sides) shows this machine's noise.
 """
 
 from __future__ import annotations
@@ -53,53 +55,82 @@ def _cpu_block(meter: CpuMeter, calls: ClientCalls, n: int) -> list[float]:
     return times
 
 
+Side = tuple[list[float], list[float], list[float], dict[str, dict[str, float]]]  # b2b, paced, bursts, CPU
+
+
+def _session(trees: dict[str, Path], flags: dict[str, list[str]], args: argparse.Namespace,
+             first: str) -> dict[str, Side]:
+    """One pair of executors, ``first`` started first and timed first in even rounds: which goes
+    first alternates (in a fixed order an A/A run, the same code on both sides, came out 1.09x and
+    1.17x back to back against the second), and each session starts new executors (an executor
+    started first, from the same code, was up to 7% slower paced in one session than its twin)."""
+    order = (first, *(n for n in trees if n != first))
+    with contextlib.ExitStack() as stack:
+        running: dict[str, Running] = {}
+        for name in order:
+            with _tree(trees[name]):
+                running[name] = stack.enter_context(direct(args.workers, extra=flags[name], log_level="warning"))
+        calls = {name: ClientCalls(r.client, name) for name, r in running.items()}
+        bursts = {name: Bursts(r.endpoint) for name, r in running.items()}
+        meters = {name: CpuMeter(r.roots[0]) for name, r in running.items()}
+        times: dict[str, tuple[list[float], list[float], list[float]]] = {name: ([], [], []) for name in trees}
+        for round_ in range(args.rounds):
+            for name in (order if round_ % 2 == 0 else order[::-1]):
+                b2b, paced, bursty = times[name]
+                b2b += _cpu_block(meters[name], calls[name], args.calls)
+                paced += Paced(calls[name]).block(args.calls // 2)
+                bursty += bursts[name].block(args.calls // 2)
+        return {name: (*times[name], meters[name].per_call()) for name in trees}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("before", type=Path, help="the other checkout (the code before the change)")
     parser.add_argument("--reuse-workers", action="store_true", help="both executors with --reuse-workers")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--sessions", type=int, default=6,
+                        help="pairs of executors started one after the other (who starts first alternates)")
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds per session")
     parser.add_argument("--calls", type=int, default=60, help="calls per round and mode")
     parser.add_argument("--before-flags", default="", help="more serve flags for the 'before' executor")
     parser.add_argument("--after-flags", default="", help="more serve flags for the 'after' executor")
     args = parser.parse_args(argv)
     extra = ["--reuse-workers"] if args.reuse_workers else []
-    flags = {"before": args.before_flags.split(), "after": args.after_flags.split()}
+    flags = {"before": extra + args.before_flags.split(), "after": extra + args.after_flags.split()}
     trees = {"before": args.before.resolve(), "after": ROOT}
     if not (trees["before"] / "executor").is_dir():
         parser.error(f"{args.before} is not a checkout of this project (it has no executor/)")
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(contextlib.chdir(stack.enter_context(tempfile.TemporaryDirectory(prefix="ciayn-ab-"))))
-        running: dict[str, Running] = {}
-        for name, tree in trees.items():
-            with _tree(tree):
-                running[name] = stack.enter_context(direct(args.workers, extra=extra + flags[name],
-                                                           log_level="warning"))
-        calls = {name: ClientCalls(r.client, name) for name, r in running.items()}
-        bursts = {name: Bursts(r.endpoint) for name, r in running.items()}
-        meters = {name: CpuMeter(r.roots[0]) for name, r in running.items()}
-        b2b: dict[str, list[float]] = {name: [] for name in trees}
-        paced: dict[str, list[float]] = {name: [] for name in trees}
-        bursty: dict[str, list[float]] = {name: [] for name in trees}
-        for _ in range(args.rounds):
-            for name in trees:
-                b2b[name] += _cpu_block(meters[name], calls[name], args.calls)
-                paced[name] += Paced(calls[name]).block(args.calls // 2)
-                bursty[name] += bursts[name].block(args.calls // 2)
-    rows = {}
+    sessions: list[dict[str, Side]] = []
+    with tempfile.TemporaryDirectory(prefix="ciayn-ab-") as empty, contextlib.chdir(empty):
+        for i in range(args.sessions):
+            sessions.append(_session(trees, flags, args, first="before" if i % 2 == 0 else "after"))
+    measures = ("p50 back to back", "p50 20 ms apart", "p50 3 clients, bursts", "CPU per call")
+
+    def figures(side: Side) -> list[float]:
+        *blocks, cpu = side
+        return [*(statistics.median(b) * 1e6 for b in blocks), sum(c["cpu_us"] for c in cpu.values())]
+
+    pooled = {name: figures(([t for s in sessions for t in s[name][0]], [t for s in sessions for t in s[name][1]],
+                             [t for s in sessions for t in s[name][2]], _mean_cpu([s[name][3] for s in sessions])))
+              for name in trees}
+    spread = [[figures(s["after"])[k] / figures(s["before"])[k] for s in sessions] for k in range(4)]
+    print(f"{'':13} " + " ".join(f"{m:>22}" for m in measures))
+    for name, row in pooled.items():
+        print(f"{name:13} " + " ".join(f"{v:20.0f}us" for v in row))
+    ratios = [a / b for a, b in zip(pooled["after"], pooled["before"], strict=True)]
+    print(f"{'after/before':13} " + " ".join(f"{r:22.3f}" for r in ratios))
+    print(f"{'  by session':13} " + " ".join(f"{min(r):14.3f} - {max(r):.3f}" for r in spread))
     for name in trees:
-        cpu = meters[name].per_call()
-        rows[name] = (statistics.median(b2b[name]) * 1e6, statistics.median(paced[name]) * 1e6,
-                      statistics.median(bursty[name]) * 1e6, sum(c["cpu_us"] for c in cpu.values()), cpu)
-    print(f"{'':8} {'p50 back to back':>18} {'p50 20 ms apart':>16} {'p50 3 clients, bursts':>22} {'CPU per call':>13}")
-    for name, (a, b, c, d, _) in rows.items():
-        print(f"{name:8} {a:16.0f}us {b:14.0f}us {c:20.0f}us {d:11.0f}us")
-    before, after = rows["before"], rows["after"]
-    print(f"{'after/before':8} {after[0] / before[0]:17.3f} {after[1] / before[1]:15.3f} "
-          f"{after[2] / before[2]:21.3f} {after[3] / before[3]:12.3f}")
-    for name, (*_, cpu) in rows.items():
+        cpu = _mean_cpu([s[name][3] for s in sessions])
         print(f"{name}: " + ", ".join(f"{k} {v['cpu_us']:.0f}" for k, v in cpu.items()))
     return 0
+
+
+def _mean_cpu(per_session: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each process's CPU per call, the mean over sessions (each timed the same number of calls)."""
+    roles = sorted({role for cpu in per_session for role in cpu})
+    return {role: {"cpu_us": sum(cpu.get(role, {}).get("cpu_us", 0.0) for cpu in per_session) / len(per_session)}
+            for role in roles}
 
 
 if __name__ == "__main__":
