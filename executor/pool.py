@@ -11,8 +11,9 @@ It also keeps the template honest: a template that dies, or that does not answer
 time (stopped, wedged), is killed and replaced; the calls it owed are answered. A worker that does
 not die when killed (uninterruptible sleep) has its call answered on time anyway and is abandoned.
 
-It never runs tool code (the template and workers, in ``executor.workers.worker``, do) and knows nothing of
-clients: finished calls go to ``on_done``, and it asks ``next_job`` for work whenever it can run some.
+It never runs tool code (the template and the workers do: ``executor.workers.template`` and
+``executor.workers.worker``) and knows nothing of clients: finished calls go to ``on_done``, and it
+asks ``next_job`` for work whenever it can run some.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Red team of the template's bare ``fork()`` (``executor.workers.quickfork``), of the first template forked
 early (``executor.workers.spawn``, waiting for its ``Configure``) and of the rights the template drops before
-it imports tool modules (``executor.workers.worker.template_main``).
+it imports tool modules (``executor.workers.template.template_main``).
 
 Tools: ``tests/tools/fork_attacks.py``. The five holes it found are closed, and their tests now
 pass (each failed on the code before its fix); the others are attacks the defence held against

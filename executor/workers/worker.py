@@ -1,65 +1,48 @@
-"""The template process and the workers it forks: everything here runs tool code or is one fork away
-from it; the supervisor (``executor.supervisor``) never does. The template (``template_main``)
-applies the environment allowlist, imports the tool modules once, reports their specs, forks a
-worker per ``Spawn``, kills whatever a dead worker left (it is a child subreaper) and reports every
-exit. A worker (``worker_loop``) holds only /dev/null, its output pipes and its channel, runs one
-call (``reuse``: many) under its limits and kills what the call left; a fresh worker then stops
-itself until the supervisor kills it, so nothing a call leaves reaches a later call.
-Why and how: docs/executor.md#the-template-and-its-workers.
+"""A worker: the process the template (``executor.workers.template``) forks for calls, which runs
+tool code. It holds only /dev/null, its output pipes and its channel, runs one call (``reuse``:
+many) under its limits and kills what the call left; a fresh worker then stops itself until the
+supervisor kills it, so nothing a call leaves reaches a later call. ``WorkerConfig`` is what the
+supervisor tells the template about its workers.
+Why and how: docs/executor.md#how-a-worker-starts-and-ends.
 """
 
 from __future__ import annotations
 
 import _signal
 import contextlib
-import gc
 import os
 import resource
-import select
 import signal
 import socket
 import sys
 import time
 import traceback
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
 
 import msgpack
 
 from executor import signals
-from executor.registry import RegistryError, Tool, describe, find_tools, schema_checks_it
-from executor.workers import framing, procfs, quickfork
-from executor.workers.cgroups import CgroupSupport, Group
+from executor.registry import Tool
+from executor.workers import framing, procfs
+from executor.workers.cgroups import Group
 from executor.workers.channel import (
     REPLY_OVERHEAD,
     CallRequest,
-    ChannelError,
-    Exited,
-    LoadFailed,
     Reply,
-    Spawn,
-    Spawned,
     Started,
-    Sweep,
-    ToolsLoaded,
     reply_cap,
-    template_message,
 )
 from executor.workers.confinement import Confinement
 from executor.workers.limits import WorkerLimits, apply_call_limits, apply_process_limits
-from executor.workers.privacy import CAP_SYS_PTRACE, CAP_SYS_RESOURCE, HOST_ADMIN_CAPS, drop_capabilities
 from executor.workers.processes import (
-    KILL_WAIT,
     PR_SET_CHILD_SUBREAPER,
     PR_SET_PDEATHSIG,
-    SHUTDOWN_WAIT,
     close_fds_except,
     has_children,
     kill_children,
     prctl,
 )
-from protocol.environment import allowed_environment
 from protocol.errors import BindError
 from protocol.values import ValueRefused, check_value
 
@@ -94,279 +77,6 @@ class WorkerConfig:
                    name=str(obj["name"]), use_cgroups=bool(obj["use_cgroups"]), reuse=bool(obj["reuse"]),
                    pass_env=[str(n) for n in obj["pass_env"]], confinement=confinement)
 
-
-# --------------------------------------------------------------------------------------------------
-# template
-
-
-def template_main(chan: socket.socket, config: WorkerConfig) -> None:
-    """Entry of the template process (never returns)."""
-    code = 0
-    try:
-        close_fds_except(0, 1, 2, chan.fileno())  # the supervisor's pidfd, sockets, pipes: not ours
-        kept = allowed_environment(os.environ, config.pass_env)
-        os.environ.clear()
-        os.environ.update(kept)
-        pool = _Workers(CgroupSupport.detect() if config.use_cgroups else None, config)
-        if pool.cgroups is not None:
-            pool.cgroups.sweep()
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        prctl(PR_SET_CHILD_SUBREAPER, 1)
-        os.setsid()
-        if config.confinement is None:
-            # As root, what no worker of the default profile may hold goes here, once, before any
-            # tool module is imported (its import-time code runs in this process): no tracing the
-            # executor's processes, no lifting hard limits, no host administration. A hardened
-            # worker needs the template's rights to build its sandbox, and drops them there.
-            drop_capabilities(CAP_SYS_PTRACE, CAP_SYS_RESOURCE, *HOST_ADMIN_CAPS.values())
-        quickfork.watch_hooks()
-        try:
-            tools = find_tools(config.targets)
-        except RegistryError as e:
-            framing.send(chan, LoadFailed(message=str(e)).to_wire())
-            os._exit(3)
-        if not _describe(chan, tools, pool.cgroups.describe() if pool.cgroups else ""):
-            os._exit(3)
-        _std_files()
-        if not config.reuse:
-            rehearse()  # once here too: what it needs is made before any worker is forked
-        gc.freeze()  # a worker's garbage collections never walk (and so copy) the template's objects
-        _template_loop(chan, tools, pool)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    # The workers die with us (PDEATHSIG); what they left must not go to init. Quickly: what SIGKILL
-    # cannot stop now (frozen, uninterruptible) is the supervisor's, as a subreaper, once we are gone.
-    kill_children(wait=SHUTDOWN_WAIT)
-    with contextlib.suppress(BaseException):
-        pool.remove_all(wait=SHUTDOWN_WAIT)
-    os._exit(code)
-
-
-def _describe(chan: socket.socket, tools: dict[str, Tool], cgroups: str) -> bool:
-    """Send the supervisor the tools' specs (``ToolsLoaded``), or why they cannot be served
-    (``LoadFailed``); whether they can. The specs are built by reflection with pydantic. Where the
-    schema says all every annotation checks (``schema_checks_it``), that happens in a child that
-    exits once it has sent them: the template never maps pydantic, so no fork copies it. Otherwise
-    here: such tools keep their spec, and their workers check arguments with it (``run_call``)."""
-    checked = [name for name, t in tools.items() if not schema_checks_it(t)]
-    if checked:
-        return _send_specs(chan, tools, cgroups, checked)
-    pid = os.fork()
-    if pid == 0:
-        os._exit(0 if _send_specs(chan, tools, cgroups, checked) else 3)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
-
-
-def _send_specs(chan: socket.socket, tools: dict[str, Tool], cgroups: str, checked: Sequence[str]) -> bool:
-    """Describe the tools and send ``ToolsLoaded``, the ``checked`` ones keeping their spec for their
-    workers' checks; or send ``LoadFailed``. Whether the tools can be served."""
-    try:
-        specs = {name: describe(t) for name, t in tools.items()}
-        framing.send(chan, ToolsLoaded(specs=[spec.model_dump() for spec in specs.values()], cgroups=cgroups,
-                                       checked=list(checked)).to_wire())
-    except RegistryError as e:
-        framing.send(chan, LoadFailed(message=str(e)).to_wire())
-        return False
-    except BaseException:
-        traceback.print_exc()
-        return False
-    for name in checked:
-        tools[name] = replace(tools[name], spec=specs[name])
-    return True
-
-
-SPARE_GROUPS = 16  # the most groups of dead workers kept for the next workers...
-SPARE_KEEP = 1.0  # ...each for at most this many seconds, then removed
-
-
-class _Workers:
-    """The template's live workers and their control groups. A dead worker's groups that are found
-    clean (``Group.reusable``) are the next worker's: making and removing them costs more than a
-    fork. Those no worker takes within ``SPARE_KEEP`` are removed."""
-
-    def __init__(self, cgroups: CgroupSupport | None, config: WorkerConfig) -> None:
-        self.cgroups = cgroups
-        self.config = config
-        self.groups: dict[int, Group | None] = {}
-        self.dying: list[Group] = []
-        self.spare: list[tuple[float, Group]] = []  # (when its worker was gone, the groups), oldest first
-        self.count = 0
-
-    def new_group(self, worker: int) -> Group | None:
-        if self.cgroups is None:
-            return None
-        limits = self.config.limits
-        while self.spare:
-            group = self.spare.pop(0)[1]  # the oldest: every kept group goes round before one expires
-            try:
-                group.limit(limits.memory_mb, limits.processes, again=True)
-                return group
-            except OSError:
-                self.dying.append(group)
-        self.count += 1
-        try:
-            return self.cgroups.create(f"{self.config.name}-{worker}-{self.count}", limits.memory_mb,
-                                       limits.processes)
-        except OSError as e:
-            print(f"ciayn-executor: cannot make control groups for a worker ({e}); rlimits only", file=sys.stderr)
-            return None
-
-    def gone(self, pid: int, usual: bool) -> bool:
-        """A worker died: kill its group and everything it left; keep the group for the next worker
-        if it died as workers do (``usual``: killed, or an exit without error; not a worker that
-        could not set itself up, which its group might be the cause of) and the group is clean,
-        otherwise remove it. Returns whether the kernel OOM-killed something in it."""
-        group = self.groups.pop(pid, None)
-        oom = group.oom_killed() if group is not None else False
-        if group is not None:
-            group.kill_all()
-        self.sweep()
-        if group is not None:
-            if usual and not oom and len(self.spare) < SPARE_GROUPS and group.reusable():
-                self.spare.append((time.monotonic(), group))
-            else:
-                self.dying.append(group)
-        self.remove_dead_groups()
-        return oom
-
-    def spare_due(self, now: float) -> float | None:
-        """Seconds until the oldest spare group is to be removed (None: there is none)."""
-        return max(0.0, self.spare[0][0] + SPARE_KEEP - now) if self.spare else None
-
-    def expire_spares(self, now: float) -> None:
-        while self.spare and now >= self.spare[0][0] + SPARE_KEEP:
-            self.dying.append(self.spare.pop(0)[1])
-        self.remove_dead_groups()
-
-    def remove_dead_groups(self) -> None:
-        """Remove the groups of dead workers that are empty now; one still holding a process that
-        SIGKILL has not stopped yet (frozen, uninterruptible sleep) is tried again later."""
-        self.dying = [g for g in self.dying if not g.remove(wait=0.05)]
-
-    def sweep(self) -> None:
-        """Kill every child of the template that is not a live worker: orphans of dead workers
-        (reparented to us, the subreaper) and processes a tool started with ``CLONE_PARENT``."""
-        kill_children(keep=frozenset(self.groups))
-
-    def remove_all(self, wait: float = KILL_WAIT) -> None:
-        for group in [*self.groups.values(), *self.dying, *(g for _, g in self.spare)]:
-            if group is not None:
-                group.kill_all()
-                group.remove(wait)
-        self.groups.clear()
-        self.dying.clear()
-        self.spare.clear()
-
-
-def _template_loop(chan: socket.socket, tools: dict[str, Tool], pool: _Workers) -> None:
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while True:
-        ready, _, _ = select.select([chan.fileno(), wake_r], [], [], pool.spare_due(time.monotonic()))
-        if pool.spare:
-            pool.expire_spares(time.monotonic())
-        if wake_r in ready:
-            os.read(wake_r, 4096)
-            if not _reap(chan, pool):
-                return  # the supervisor is gone: so are the workers and all they left
-        if chan.fileno() in ready:
-            try:
-                req = template_message(framing.recv(chan))
-            except (EOFError, OSError, framing.FrameError):  # the supervisor closed the channel: shutting down
-                return
-            except ChannelError as e:
-                print(f"ciayn-executor: template: ignoring a malformed request ({e})", file=sys.stderr)
-                continue
-            if isinstance(req, Spawn):
-                group = pool.new_group(req.worker)
-                try:
-                    pid = _spawn_worker(chan, req.worker, tools, pool.config, group, rehearsal=req.rehearse)
-                except (BrokenPipeError, ConnectionResetError):  # the supervisor closed the channel: shutting down
-                    if group is not None:
-                        pool.dying.append(group)  # removed on the way out, with the worker it was made for
-                    return
-                pool.groups[pid] = group
-            elif isinstance(req, Sweep):
-                pool.sweep()
-
-
-def _reap(chan: socket.socket, pool: _Workers) -> bool:
-    """Reap dead children, report dead workers with what the kernel measured of them; False when
-    the supervisor can no longer be told (it closed the channel: shutting down)."""
-    while True:
-        try:
-            pid, status, usage = os.wait4(-1, os.WNOHANG)
-        except ChildProcessError:
-            return True
-        if pid == 0:
-            return True
-        if pid in pool.groups:
-            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
-            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
-            oom = pool.gone(pid, usual=sig == signal.SIGKILL or code == 0)
-            try:
-                exited = Exited(pid=pid, signal=sig, code=code, oom=oom, cpu_s=usage.ru_utime + usage.ru_stime,
-                                peak_rss_kb=usage.ru_maxrss)
-                framing.send(chan, exited.to_wire())
-            except OSError:
-                return False
-
-
-def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], config: WorkerConfig,
-                  group: Group | None, rehearsal: bool = False) -> int:
-    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    sandbox = config.confinement  # --profile hardened: the worker is PID 1 of a namespace of its own
-    if sandbox is not None:
-        sandbox.before_fork()
-    template = os.getpid() if sandbox is None else 0  # a hardened worker cannot see (nor signal) us
-    pid = quickfork.fork()
-    if pid == 0:
-        code = 0
-        try:
-            signal.set_wakeup_fd(-1)
-            close_fds_except(0, 1, 2, child_end.fileno(), out_w, err_w)  # the template's channel too
-            if group is not None:
-                group.join()  # before any tool code: memory, process count and kill cover all it starts
-            _worker_setup(out_w, err_w, config)
-            if sandbox is not None:
-                sandbox.enter()  # namespaces, read-only view, no privileges, Landlock, seccomp
-            if rehearsal and not config.reuse:
-                rehearse()
-            worker_loop(child_end, tools, config, template=template)
-        except BaseException:
-            code = 70
-            with contextlib.suppress(BaseException):
-                traceback.print_exc()  # on the worker's stderr: it reaches the call's result or the log
-        os._exit(code)
-    if sandbox is not None:
-        sandbox.after_fork(pid)
-    child_end.close()
-    os.close(out_w)
-    os.close(err_w)
-    fds = [parent_end.fileno(), out_r, err_r]
-    try:  # the supervisor signals the worker through it: never another process that reuses the pid
-        fds.append(os.pidfd_open(pid))
-    except OSError:  # Linux < 5.3: it signals by pid
-        pass
-    try:
-        framing.send_with_fds(chan, Spawned(worker=worker, pid=pid).to_wire(), fds)
-    finally:
-        parent_end.close()
-        for fd in fds[1:]:
-            os.close(fd)
-    return pid
-
-
-# --------------------------------------------------------------------------------------------------
-# worker
 
 
 # A worker's signal dispositions: SIGINT ignored, and SIGXFSZ, so a write past the file limit raises
@@ -404,6 +114,38 @@ def _worker_setup(out_w: int, err_w: int, config: WorkerConfig) -> None:
     os.close(err_w)
     sys.stdin, sys.stdout, sys.stderr = _std_files()
     apply_process_limits(config.limits, hard=not config.reuse)
+
+
+def prepare_workers(config: WorkerConfig) -> None:
+    """What the template makes once, before it forks any worker, so that no worker makes it: the
+    standard text files and, for fresh workers, a rehearsed call path (``rehearse``)."""
+    _std_files()
+    if not config.reuse:
+        rehearse()
+
+
+def worker_main(chan: socket.socket, out_w: int, err_w: int, tools: dict[str, Tool], config: WorkerConfig,
+                group: Group | None, *, template: int, rehearsal: bool) -> NoReturn:
+    """A worker right after its fork: set it up (nothing of the template's but ``chan`` and its
+    output pipes, its control groups joined before any tool code, its signals, limits and standard
+    files, ``config.confinement``'s sandbox entered), then serve calls; never returns."""
+    code = 0
+    try:
+        signal.set_wakeup_fd(-1)
+        close_fds_except(0, 1, 2, chan.fileno(), out_w, err_w)  # the template's channel too
+        if group is not None:
+            group.join()  # before any tool code: memory, process count and kill cover all it starts
+        _worker_setup(out_w, err_w, config)
+        if config.confinement is not None:
+            config.confinement.enter()  # namespaces, read-only view, no privileges, Landlock, seccomp
+        if rehearsal and not config.reuse:
+            rehearse()
+        worker_loop(chan, tools, config, template=template)
+    except BaseException:
+        code = 70
+        with contextlib.suppress(BaseException):
+            traceback.print_exc()  # on the worker's stderr: it reaches the call's result or the log
+    os._exit(code)
 
 
 def worker_loop(chan: socket.socket, tools: dict[str, Tool], config: WorkerConfig, template: int = 0) -> None:
@@ -548,7 +290,7 @@ def run_call(req: CallRequest, tools: dict[str, Tool], limits: WorkerLimits, har
     replace = False
     if t is None:  # the supervisor checks first; this is a second line
         return Reply.failure(req.seq, "unknown_tool", f"no tool named {req.tool!r}"), False
-    if t.spec is not None:  # a tool whose annotations check more than its schema says (``_describe``)
+    if t.spec is not None:  # a tool whose annotations check more than its schema says (``template._describe``)
         try:
             t.spec.bind(req.args, req.kwargs)
         except BindError as e:

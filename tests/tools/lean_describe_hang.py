@@ -1,5 +1,5 @@
 """Tools for tests/test_lean_template_redteam.py: a parameter type whose pydantic schema hook runs
-only where the tool is described (the template's describe child, ``executor.workers.worker._describe``),
+only where the tool is described (the template's describe child, ``executor.workers.template._describe``),
 never at import: there it leaves ``describing`` (its pid) in the working directory and never returns
 (bounded at 60 s, past any bound the test sets)."""
 
