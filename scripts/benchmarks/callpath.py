@@ -31,7 +31,7 @@ from protocol import Call, ToolSpec, decode, encode
 
 from . import report, tools
 from .archtemplate import HEADER
-from .contestants import CHANNEL_REQUEST, PAUSE_S, ChannelEcho, ClientCalls, Dealer, Paced, ZmqEcho
+from .contestants import CHANNEL_REQUEST, PAUSE_S, ChannelEcho, ClientCalls, Dealer, Paced, RawDealer, ZmqEcho
 from .executors import direct
 from .parse import measure
 from .record import log, measured, summarize
@@ -347,6 +347,10 @@ CUTS: dict[str, tuple[list[str], dict[str, Any], bool]] = {
     "no spin after dispatch (supervisor)": (["nospin"], {}, True),
     "no bookkeeping (supervisor; unsafe: its bound)": (["nobookkeeping"], {}, True),
     "both": (["nospin", "nobookkeeping"], {}, True),
+    "no codec of ours in the client (unsafe: its bound)": ([], {"client": RawDealer}, True),
+    "that, and a hand-written codec in the supervisor (its bound)": (["handcodec"], {"client": RawDealer}, True),
+    "all three bounds: no client codec, hand-written codec, no bookkeeping": (
+        ["handcodec", "nobookkeeping"], {"client": RawDealer}, True),
     "default flags (a fresh worker per call), 1 worker": ([], {}, False),
     "default flags, --workers 2 (a spare prewarmed worker for sequential calls)": ([], {"workers": 2}, False),
     "default flags, --no-cgroups (no control groups per worker)": ([], {"no_cgroups": True}, False),
@@ -374,8 +378,10 @@ def call_path_cuts(context: Context) -> dict[str, Any]:
                 continue  # the default flags are the lean path already
             try:
                 flags = lean if on_lean else []
+                options = dict(options)
+                client = options.pop("client", Dealer)
                 running = stack.enter_context(direct(extra=flags, patches=patches, **{"workers": 1, **options}))
-                dealer = Dealer(running.endpoint, name)
+                dealer = client(running.endpoint, name)
                 stack.callback(dealer.close)
                 dealer.block(20)
                 n = max(2, int(sizes.path_block_s / max(1e-6, statistics.fmean(dealer.block(10)))))

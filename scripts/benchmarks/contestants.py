@@ -24,6 +24,7 @@ import zmq
 
 from controller import ExecutorClient
 from protocol import Call, Hello, Result, decode, encode
+from protocol.codec import VERSION
 
 from . import tools
 from .paths import PACKAGE, ROOT, module_command
@@ -216,6 +217,25 @@ class Dealer:
     def close(self) -> None:
         self.sock.close(0)
         self.ctx.term()
+
+
+class RawDealer(Dealer):
+    """``Dealer`` with no codec of ours on the client: the call packed and the reply read with msgpack
+    alone, nothing checked but ``ok``. What no real client should do; it bounds what the client's
+    codec costs (``callpath.CUTS``)."""
+
+    def block(self, n: int) -> list[float]:
+        times = []
+        for _ in range(n):
+            self.serial += 1
+            t0 = time.perf_counter()
+            self.sock.send_multipart([VERSION, b"call", msgpack.packb({"id": f"{self.prefix}-{self.serial}",
+                                                                        "tool": self.tool})])
+            body = msgpack.unpackb(self.sock.recv_multipart()[2])
+            times.append(time.perf_counter() - t0)
+            if not body.get("ok"):
+                raise RuntimeError(f"a benchmark call failed: {body}")
+        return times
 
 
 class ClientCalls:

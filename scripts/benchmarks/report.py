@@ -432,12 +432,15 @@ def table_cuts(f: dict[str, Any]) -> list[str]:
                     f"{e['cpu_per_call_us']:.0f} us | {e['supervisor_cpu_per_call_us']:.0f} us | "
                     f"{e['worker_cpu_per_call_us']:.0f} us |")
     return [f"**{f['title']}** ({f['method']})", "", *rows, "",
-            f"**What it means:** the first four rows are the executor on the lean path ({f['path_flags']}) as "
-            "shipped and with candidate cuts applied in memory to its supervisor; the difference to the first row, "
-            "in the same rounds, is what the cut would buy on this machine. 'No bookkeeping' is not a cut to "
-            "make (a resent id would run again, unchecked arguments reach the tool): it bounds what trimming "
-            "the supervisor's at-most-once memory, argument check, statistics and output reads could buy. "
-            "The last rows compare the default flags (a fresh "
+            f"**What it means:** the rows before 'default flags' are the executor on the lean path "
+            f"({f['path_flags']}) as shipped and with candidate cuts applied in memory to its supervisor; the "
+            "difference to the first row, in the same rounds, is what the cut would buy on this machine. 'No "
+            "bookkeeping' is not a cut to make (a resent id would run again, unchecked arguments reach the tool): "
+            "it bounds what trimming the supervisor's at-most-once memory, argument check, statistics and output "
+            "reads could buy. The three rows after it bound a hand-written codec: a client that packs the call "
+            "and reads the reply with msgpack alone, a supervisor that builds a call from its msgpack body "
+            "unchecked and packs only a result's id, value and executor (less than any real codec, on either "
+            "side), and that with no bookkeeping as well. The last rows compare the default flags (a fresh "
             "worker per call) with a spare prewarmed worker and without control groups: what the fresh-worker path "
             "spends waiting for its replacement worker. Which cuts to make is a decision for the code's owners.", ""]
 
