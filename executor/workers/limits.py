@@ -109,6 +109,9 @@ def apply_call_limits(limits: WorkerLimits, cpu_s: int, hard: bool = True) -> No
     """Before a call: ``cpu_s`` CPU seconds (counted from now; a reused worker's CPU time accumulates
     across calls, so the soft limit is the time used so far plus this call's allowance) and memory."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    used = int(usage.ru_utime + usage.ru_stime + 0.999)
+    # The whole seconds used so far, plus one: never less than the time used, so the call gets at
+    # least ``cpu_s``. Rounding up instead made a fresh worker's limit depend on whether its set-up
+    # had taken a millisecond of CPU yet (11 s in one worker, 12 s in the next, under load).
+    used = int(usage.ru_utime + usage.ru_stime) + 1
     _set(resource.RLIMIT_CPU, used + cpu_s, hard, slack=1)
     _set(resource.RLIMIT_DATA, limits.memory_mb * 1024 * 1024, hard)
