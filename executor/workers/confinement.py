@@ -1,7 +1,8 @@
 """What a profile does to the workers the template forks: the ``Confinement`` the template is given.
 
 The default profile has none (``WorkerConfig.confinement`` is None): workers run with the rlimits,
-control groups and dropped capabilities of ``executor.workers.worker``. The hardened profile
+control groups and dropped capabilities that ``executor.workers.template`` and
+``executor.workers.worker`` give them. The hardened profile
 (``executor.sandbox.profile.Sandbox``) implements this interface and is passed in, never looked up: to the
 first template in its ``WorkerConfig``, to a template started afresh as plain data in its
 ``Configure`` (``to_wire``), rebuilt there by ``from_wire`` from the module the data names. So

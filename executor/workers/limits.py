@@ -8,6 +8,7 @@ timeout is not an rlimit: the supervisor kills the worker. Why and how: docs/exe
 
 from __future__ import annotations
 
+import math
 import resource
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -106,12 +107,14 @@ def apply_process_limits(limits: WorkerLimits, hard: bool = True) -> None:
 
 
 def apply_call_limits(limits: WorkerLimits, cpu_s: int, hard: bool = True) -> None:
-    """Before a call: ``cpu_s`` CPU seconds (counted from now; a reused worker's CPU time accumulates
-    across calls, so the soft limit is the time used so far plus this call's allowance) and memory."""
+    """Before a call: ``cpu_s`` CPU seconds and memory. RLIMIT_CPU counts the whole process, so the
+    soft limit is the time used so far plus this call's allowance. A fresh worker (``hard``) has used
+    only its set-up, well under a second, and its limit is the allowance itself. Rounding that up
+    made the limit depend on whether the set-up had reached a millisecond of CPU (the allowance in
+    one worker, a second more in the next, under load). A reused worker's time so far is rounded
+    up, so each of its calls gets at least its allowance."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    # The whole seconds used so far, plus one: never less than the time used, so the call gets at
-    # least ``cpu_s``. Rounding up instead made a fresh worker's limit depend on whether its set-up
-    # had taken a millisecond of CPU yet (11 s in one worker, 12 s in the next, under load).
-    used = int(usage.ru_utime + usage.ru_stime) + 1
+    spent = usage.ru_utime + usage.ru_stime
+    used = int(spent) if hard else math.ceil(spent)
     _set(resource.RLIMIT_CPU, used + cpu_s, hard, slack=1)
     _set(resource.RLIMIT_DATA, limits.memory_mb * 1024 * 1024, hard)

@@ -313,7 +313,10 @@ def _spawn_worker(chan: socket.socket, worker: int, tools: dict[str, Tool], conf
     template = os.getpid() if sandbox is None else 0  # a hardened worker cannot see (nor signal) us
     pid = quickfork.fork()
     if pid == 0:
-        worker_main(child_end, out_w, err_w, tools, config, group, template=template, rehearsal=rehearsal)
+        try:
+            worker_main(child_end, out_w, err_w, tools, config, group, template=template, rehearsal=rehearsal)
+        finally:
+            os._exit(70)  # never reached: but a child that went on here would be a second template
     if sandbox is not None:
         sandbox.after_fork(pid)
     child_end.close()
