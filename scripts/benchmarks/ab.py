@@ -47,10 +47,16 @@ def _tree(tree: Path) -> Iterator[None]:
             os.environ["PYTHONPATH"] = old
 
 
+SETTLE_S = 0.3  # fresh workers that answered are killed, and new ones forked, once the executor is quiet
+
+
 def _cpu_block(meter: CpuMeter, calls: ClientCalls, n: int) -> list[float]:
+    """Calls back to back, and the CPU they cost in all processes: the window opens once what the
+    executor's previous block left (its bursts' workers) is done, and closes once this block's is."""
+    time.sleep(SETTLE_S)
     before = meter.snapshot(before=True)
     times = calls.block(n)
-    time.sleep(0.3)  # fresh workers that answered are killed once the executor is quiet
+    time.sleep(SETTLE_S)
     meter.add(before, meter.snapshot(before=False), n)
     return times
 
@@ -95,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before-flags", default="", help="more serve flags for the 'before' executor")
     parser.add_argument("--after-flags", default="", help="more serve flags for the 'after' executor")
     args = parser.parse_args(argv)
+    if args.sessions % 2 or args.rounds % 2:
+        parser.error("--sessions and --rounds must be even: each side starts first, and is timed first, "
+                     "equally often")
     extra = ["--reuse-workers"] if args.reuse_workers else []
     flags = {"before": extra + args.before_flags.split(), "after": extra + args.after_flags.split()}
     trees = {"before": args.before.resolve(), "after": ROOT}
