@@ -346,7 +346,10 @@ def test_the_cpu_limit_stops_a_busy_tool_before_its_wall_clock_limit(
     assert r.error is not None and r.error.kind == "timeout", r
     assert "CPU" in r.error.message
     assert took < 10, "the CPU limit, not the wall clock, must stop it"
-    assert r.stats is not None and 1.0 <= r.stats.cpu_s < 3.0, r.stats  # what the kernel measured of the worker
+    # What the kernel measured of the worker: about its 1 s allowance. Not at least 1 s exactly: the
+    # kernel checks RLIMIT_CPU against its tick-sampled CPU clock (250 Hz here), while wait4 reports the
+    # scheduler's precise runtime, which came out 0.956 s in one CI run with the busy loop sharing a core.
+    assert r.stats is not None and 0.8 <= r.stats.cpu_s < 3.0, r.stats
     assert r.worker is not None and r.worker.restarted
     assert client.call(Call(tool="counter")).value == 1
 
