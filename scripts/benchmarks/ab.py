@@ -119,10 +119,14 @@ def main(argv: list[str] | None = None) -> int:
         *blocks, cpu = side
         return [*(statistics.median(b) * 1e6 for b in blocks), sum(c["cpu_us"] for c in cpu.values())]
 
-    pooled = {name: figures(([t for s in sessions for t in s[name][0]], [t for s in sessions for t in s[name][1]],
-                             [t for s in sessions for t in s[name][2]], _mean_cpu([s[name][3] for s in sessions])))
-              for name in trees}
-    spread = [[figures(s["after"])[k] / figures(s["before"])[k] for s in sessions] for k in range(4)]
+    def pool(name: str) -> Side:
+        sides = [s[name] for s in sessions]
+        return ([t for side in sides for t in side[0]], [t for side in sides for t in side[1]],
+                [t for side in sides for t in side[2]], _mean_cpu([side[3] for side in sides]))
+
+    pooled = {name: figures(pool(name)) for name in trees}
+    each = [{name: figures(s[name]) for name in trees} for s in sessions]
+    spread = [[e["after"][k] / e["before"][k] for e in each] for k in range(len(measures))]
     print(f"{'':13} " + " ".join(f"{m:>22}" for m in measures))
     for name, row in pooled.items():
         print(f"{name:13} " + " ".join(f"{v:20.0f}us" for v in row))
@@ -130,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'after/before':13} " + " ".join(f"{r:22.3f}" for r in ratios))
     print(f"{'  by session':13} " + " ".join(f"{min(r):14.3f} - {max(r):.3f}" for r in spread))
     for name in trees:
-        cpu = _mean_cpu([s[name][3] for s in sessions])
-        print(f"{name}: " + ", ".join(f"{k} {v['cpu_us']:.0f}" for k, v in cpu.items()))
+        print(f"{name}: " + ", ".join(f"{k} {v['cpu_us']:.0f}" for k, v in pool(name)[3].items()))
     return 0
 
 
